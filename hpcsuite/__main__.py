@@ -1,0 +1,3 @@
+from hpcsuite.cli import main
+
+main(prog_name="hpcsuite")

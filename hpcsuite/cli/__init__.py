@@ -1,0 +1,57 @@
+"""The hpcsuite command line. Commands parse, make one call into the core, and print.
+
+Nothing here imports torch, tensorflow or horovod: login-node commands stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import JobFailed, UserError
+
+
+class Group(click.Group):
+    """Turns UserError into `error: ...` and exit code 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except JobFailed as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hpcsuite")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """Render Slurm sbatch scripts from job specs and run Horovod data-parallel training.
+
+    \b
+    Typical use:
+      hpcsuite cluster up                      # a local 2-node Slurm cluster (demos, tests)
+      hpcsuite render sbatch/quickstart.yaml   # see the exact script
+      hpcsuite submit sbatch/quickstart.yaml --wait
+      hpcsuite status JOBID / logs JOBID / cancel JOBID
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+
+
+def emit_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+from . import commands, cluster_cmd  # noqa: E402,F401  (registers the commands)

@@ -1,0 +1,71 @@
+"""`hpcsuite cluster`: the project's own local two-node Slurm cluster."""
+
+from __future__ import annotations
+
+import click
+
+from . import emit_json, main
+
+
+def _cluster(port):
+    from ..cluster import DEFAULT_PORT, LocalCluster, cluster_dir
+
+    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT)
+
+
+port_option = click.option("--port", type=click.IntRange(1024, 65000), default=None,
+                           help="slurmctld port; the two slurmd use the next two (default 16817).")
+
+
+@main.group()
+def cluster():
+    """A local Slurm cluster (munge, slurmctld, two virtual nodes) for demos and tests.
+
+    State, config and logs live in $HPCSUITE_CLUSTER_DIR
+    (default ~/.local/state/hpcsuite/cluster); /etc/slurm is never touched.
+    While it runs, hpcsuite points Slurm commands at it; for your shell:
+    eval "$(hpcsuite cluster env)".
+    """
+
+
+@cluster.command()
+@port_option
+@click.option("--timeout", type=float, default=60, show_default=True,
+              help="Seconds to wait for both nodes to be idle.")
+def up(port, timeout):
+    """Start the cluster (harmless when it already runs)."""
+    c = _cluster(port)
+    for note in c.up(timeout=timeout):
+        click.echo(note)
+    click.echo(f"nodes: {', '.join(f'{n}={s}' for n, s in c.node_states().items())}")
+    click.echo(f"export SLURM_CONF={c.conf}")
+
+
+@cluster.command()
+def down():
+    """Stop every daemon the cluster started."""
+    for note in _cluster(None).down():
+        click.echo(note)
+
+
+@cluster.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_(as_json):
+    """Show which daemons run and the node states."""
+    c = _cluster(None)
+    daemons = c.states()
+    nodes = c.node_states()
+    if as_json:
+        emit_json({"dir": str(c.root), "daemons": daemons, "nodes": nodes, "up": c.running()})
+        return
+    click.echo(f"cluster directory: {c.root}")
+    for name, pid in daemons.items():
+        click.echo(f"  {name:14} {'running (pid %d)' % pid if pid else 'stopped'}")
+    if nodes:
+        click.echo("nodes: " + ", ".join(f"{n}={s}" for n, s in nodes.items()))
+
+
+@cluster.command()
+def env():
+    """Print `export SLURM_CONF=...` for your shell."""
+    click.echo(f"export SLURM_CONF={_cluster(None).conf}")

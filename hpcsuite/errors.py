@@ -1,0 +1,33 @@
+"""Errors a user can fix. The CLI prints them as one line and exits with code 2."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class UserError(Exception):
+    """Bad input or a wrong environment: printed as ``error: <message>``, exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A bad value in a YAML file, located by file and dotted key path."""
+
+    def __init__(self, source: str, key: str, message: str):
+        self.source, self.key = source, key
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {message}")
+
+
+class JobFailed(Exception):
+    """A submitted job ended in a state other than COMPLETED (exit code 1)."""
+
+    exit_code = 1
+
+
+def close_match(word: str, options: Iterable[str]) -> str:
+    """' (did you mean "x"?)' when an option is close to ``word``, else ''."""
+    found = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f' (did you mean "{found[0]}"?)' if found else ""

@@ -1,0 +1,29 @@
+"""The example specs in sbatch/ and the scripts they render to, kept in sync by a test.
+
+Each ``sbatch/NAME.yaml`` sits beside ``sbatch/NAME.sbatch``, rendered with the built-in
+templates only and the example site profile ``sbatch/profile.yaml``, so reviewers see a
+template change as a diff of real scripts. ``make golden`` rewrites them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .plan import plan
+from .profile import load_profile
+from .spec import load_spec
+from .templating import SearchPath
+
+PROFILE = "profile.yaml"
+
+
+def example_specs(sbatch_dir: Path) -> list[Path]:
+    return sorted(p for p in Path(sbatch_dir).glob("*.yaml") if p.name != PROFILE)
+
+
+def expected_scripts(sbatch_dir: Path) -> dict[Path, str]:
+    sbatch_dir = Path(sbatch_dir)
+    profile = load_profile(str(sbatch_dir / PROFILE))
+    path = SearchPath.builtin_only()
+    return {spec.with_suffix(".sbatch"): plan(load_spec(str(spec)), profile, path).script
+            for spec in example_specs(sbatch_dir)}

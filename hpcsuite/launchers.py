@@ -1,0 +1,73 @@
+"""How ranks start inside an allocation: each launcher turns a job into an argv list.
+
+Where a job runs (Slurm) is separate from how its ranks start (this module), as in ReFrame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .errors import UserError, close_match
+from .shell import Raw
+from .spec import JobSpec
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    job: JobSpec
+    command: tuple[object, ...]      # what every rank runs
+    env_names: tuple[str, ...]       # variables every rank must see
+
+
+class Launcher:
+    name: ClassVar[str]
+
+    def argv(self, ctx: LaunchContext) -> list[object]:
+        raise NotImplementedError
+
+
+class MpirunLauncher(Launcher):
+    """OpenMPI's mpirun; under Slurm it starts its daemons with srun (no ssh)."""
+
+    name = "mpirun"
+
+    def argv(self, ctx: LaunchContext) -> list[object]:
+        r = ctx.job.resources
+        argv: list[object] = ["mpirun", "-np", ctx.job.world_size,
+                              "--map-by", f"ppr:{r.tasks_per_node}:node",
+                              # Horovod's own runner uses these: no core binding (each rank
+                              # manages its threads), and ob1 with no openib, which on IB
+                              # nodes prints warnings and can hang with fork().
+                              "--bind-to", "none",
+                              "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+        for name in ctx.env_names:
+            argv += ["-x", name]
+        return argv + list(ctx.command)
+
+
+class SrunLauncher(Launcher):
+    """srun with PMIx: Slurm starts every rank itself."""
+
+    name = "srun"
+
+    def argv(self, ctx: LaunchContext) -> list[object]:
+        r = ctx.job.resources
+        return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1",
+                f"--ntasks={ctx.job.world_size}", f"--ntasks-per-node={r.tasks_per_node}",
+                f"--cpus-per-task={r.cpus_per_task}", *ctx.command]
+
+
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (MpirunLauncher, SrunLauncher)}
+
+
+def get_launcher(name: str) -> Launcher:
+    try:
+        return LAUNCHERS[name]()
+    except KeyError:
+        valid = ", ".join(sorted(LAUNCHERS))
+        raise UserError(f"unknown launcher {name!r}{close_match(name, LAUNCHERS)}; "
+                        f"valid launchers: {valid}") from None
+
+
+__all__ = ["Launcher", "LaunchContext", "get_launcher", "LAUNCHERS", "Raw"]

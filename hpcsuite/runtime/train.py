@@ -1,0 +1,63 @@
+"""`hpcsuite train`: what every rank runs inside the job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from ..results import write_json_atomic
+from ..spec import JobSpec, spec_from_dict
+
+log = logging.getLogger(__name__)
+
+
+def load_job(path: str) -> JobSpec:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    return spec_from_dict(data, path)
+
+
+def step_stats(times: list[float]) -> dict:
+    if not times:
+        return {"count": 0, "mean": 0.0, "median": 0.0, "p90": 0.0, "min": 0.0, "max": 0.0}
+    ordered = sorted(times)
+    return {"count": len(times), "mean": statistics.fmean(times), "median": statistics.median(times),
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+            "min": ordered[0], "max": ordered[-1]}
+
+
+def main(job_path: str) -> None:
+    job = load_job(job_path)
+    run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank? %(name)s: %(message)s")
+    from . import torch_backend
+
+    report = torch_backend.train(job, run_dir)
+    rank = report["rank"]
+    write_json_atomic(run_dir / f"rank-{rank}.json", report["per_rank"])
+    if rank == 0:
+        from .. import slurm
+
+        results = report["results"]
+        results["job_id"] = os.environ.get("SLURM_JOB_ID")
+        done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
+        results["versions"]["slurm"] = done.stdout.strip() or None
+        results["versions"]["python"] = sys.version.split()[0]
+        write_json_atomic(run_dir / "results.json", results)
+        print(f"hpcsuite train: wrote {run_dir / 'results.json'} "
+              f"({results['samples_per_s']:.1f} samples/s on {results['world_size']} ranks)",
+              flush=True)
+
+
+def hostname() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -1,0 +1,149 @@
+"""Load YAML mappings into frozen dataclasses, with errors that name file and dotted key.
+
+A dataclass field declares its type (int, float, str, bool, Literal[...], Optional[...],
+dict[str, str], list[...], or another dataclass) and optional metadata: ``min``/``max`` for
+numbers, ``pattern`` for strings, ``help`` for docs. Unknown keys are refused with the list of
+valid ones and the close match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from .errors import ConfigError, close_match, UserError
+
+
+def read_yaml(path: str) -> dict:
+    """Parse a YAML file that must hold a mapping; errors name the file and line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{where}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "", f"expected a mapping of keys, got {_kind(data)}")
+    return data
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "nothing"}.get(type(value),
+                                                                            type(value).__name__)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def build(cls: type, data: Any, source: str, path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data`` (a mapping), validating every value."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, path or "(top)", f"expected a mapping, got {_kind(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if not isinstance(key, str) or key not in fields:
+            valid = ", ".join(sorted(fields))
+            raise ConfigError(source, _join(path, str(key)),
+                              f"unknown key{close_match(str(key), fields)}; valid keys: {valid}")
+    values = {}
+    for name, f in fields.items():
+        key_path = _join(path, name)
+        if name in data:
+            values[name] = convert(hints[name], data[name], source, key_path, f.metadata)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(source, key_path, "required key is missing")
+    return cls(**values)
+
+
+def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None) -> Any:
+    meta = meta or {}
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return convert(inner[0], value, source, path, meta)
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(str(a) for a in args)
+            hint = close_match(str(value), [str(a) for a in args])
+            raise ConfigError(source, path, f"{value!r} is not one of: {choices}{hint}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, source, path)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(source, path, f"expected a mapping, got {_kind(value)}")
+        kt, vt = args
+        return {convert(kt, k, source, f"{path}.{k}"): convert(vt, v, source, f"{path}.{k}")
+                for k, v in value.items()}
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
+        items = [convert(args[0], v, source, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(source, path, f"expected true or false, got {_kind(value)} {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, path, f"expected an integer, got {_kind(value)} {value!r}")
+        _range(value, source, path, meta)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(source, path, f"expected a number, got {_kind(value)} {value!r}")
+        _range(float(value), source, path, meta)
+        return float(value)
+    if tp is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and meta.get("coerce"):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ConfigError(source, path, f"expected a string, got {_kind(value)} {value!r}")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise ConfigError(source, path, "newline and NUL characters are not allowed")
+        pattern = meta.get("pattern")
+        if pattern and not re.fullmatch(pattern, value):
+            raise ConfigError(source, path, f"{value!r} is not valid: {meta.get('pattern_help', pattern)}")
+        return value
+    raise TypeError(f"schema type {tp!r} at {path} is not supported")  # a bug in hpcsuite
+
+
+def _range(value: float, source: str, path: str, meta: dict) -> None:
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and value < lo:
+        raise ConfigError(source, path, f"{value} is below the minimum {lo}")
+    if hi is not None and value > hi:
+        raise ConfigError(source, path, f"{value} is above the maximum {hi}")
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain JSON-able data."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj

@@ -1,0 +1,111 @@
+"""The one place hpcsuite runs external programs (sbatch, squeue, scontrol, scancel, sinfo,
+and the local cluster's daemons), plus small pure parsers of their output.
+
+Every call takes an argv list (never a shell string), has a timeout, and strips ``SBATCH_*``
+variables from the environment of ``sbatch`` so a user's shell cannot silently change a job
+that ``hpcsuite render`` showed them. Unit tests fake :func:`call` and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def slurm_env(extra: dict[str, str] | None = None, *, strip_sbatch: bool = False) -> dict[str, str]:
+    """The environment Slurm commands run with: the caller's, pointed at the active cluster."""
+    from .cluster import active_slurm_conf  # local import: cluster imports this module
+
+    env = dict(os.environ)
+    conf = active_slurm_conf()
+    if conf:
+        env["SLURM_CONF"] = conf
+    if strip_sbatch:
+        env = {k: v for k, v in env.items() if not k.startswith("SBATCH_")}
+    env.update(extra or {})
+    return env
+
+
+def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None,
+         cwd: str | None = None, check: bool = True) -> Completed:
+    """Run ``argv`` and capture its output; a missing program or a timeout is a UserError."""
+    log.debug("run %s", argv)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=env if env is not None else slurm_env(), cwd=cwd,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise UserError(f"{argv[0]}: command not found (is Slurm installed and on PATH?)") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{argv[0]} did not answer within {timeout:g}s: {' '.join(argv)}") from None
+    done = Completed(list(argv), proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise UserError(f"{argv[0]} failed (exit {proc.returncode}): {detail[-1] if detail else 'no output'}")
+    return done
+
+
+def spawn_daemon(argv: list[str], *, env: dict[str, str], log_path: str) -> int:
+    """Start a daemon that stays in the foreground, detached from us; returns its pid."""
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return proc.pid
+
+
+# --------------------------------------------------------------------------- parsers
+
+_JOBID = re.compile(r"^(\d+)(?:;\S+)?$")
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``jobid`` or ``jobid;cluster``."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    m = _JOBID.match(line.strip())
+    if not m:
+        raise UserError(f"sbatch printed no job id: {stdout.strip()!r}")
+    return m.group(1)
+
+
+def parse_scontrol_record(stdout: str) -> dict[str, str]:
+    """``scontrol show job -o ID``: one line of ``Key=Value`` pairs; values may hold spaces
+    only in the last field we care about rarely, so split on `` Key=`` boundaries."""
+    text = stdout.strip()
+    if not text:
+        return {}
+    fields: dict[str, str] = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s[A-Za-z][A-Za-z0-9_:/]*=|$)", text):
+        fields[m.group(1)] = m.group(2)
+    return fields
+
+
+def parse_jobcomp_line(line: str) -> dict[str, str]:
+    """One record of ``jobcomp/filetxt``: space-separated ``Key=Value`` pairs."""
+    return parse_scontrol_record(line)
+
+
+def parse_sinfo_nodes(stdout: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N %T'`` → {node: state}."""
+    nodes = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            nodes[parts[0]] = parts[1].rstrip("*~#!%$@^-").lower()
+    return nodes

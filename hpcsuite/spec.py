@@ -1,0 +1,102 @@
+"""The job spec a user writes (YAML), as typed, validated, frozen dataclasses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from .schema import build, read_yaml, to_dict
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+WALLTIME = r"(\d+-)?\d{1,2}:\d{2}(:\d{2})?|\d+"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def _m(help: str = "", **kw) -> dict:
+    return {"help": help, **kw}
+
+
+@dataclass(frozen=True)
+class Resources:
+    nodes: int = field(default=1, metadata=_m("nodes to allocate", min=1, max=100000))
+    tasks_per_node: int = field(default=1, metadata=_m("MPI ranks per node", min=1, max=1024))
+    cpus_per_task: int = field(default=1, metadata=_m("CPU cores per rank", min=1, max=1024))
+    gpus_per_node: int = field(default=0, metadata=_m("GPUs per node", min=0, max=64))
+    time: str = field(default="00:10:00", metadata=_m(
+        "walltime", pattern=WALLTIME, pattern_help="use [D-]HH:MM[:SS] or minutes", coerce=True))
+    partition: Optional[str] = field(default=None, metadata=_m(
+        "Slurm partition", pattern=NAME, pattern_help="letters, digits, _ . -"))
+    mem: Optional[str] = field(default=None, metadata=_m(
+        "memory per node, e.g. 4G", pattern=r"\d+[KMGT]?", pattern_help="a number with K, M, G or T"))
+
+
+@dataclass(frozen=True)
+class Data:
+    kind: Literal["synthetic"] = "synthetic"
+    samples: int = field(default=4096, metadata=_m("synthetic samples", min=1))
+    features: int = field(default=32, metadata=_m("synthetic input features", min=1))
+    classes: int = field(default=10, metadata=_m("synthetic classes", min=2))
+
+
+@dataclass(frozen=True)
+class HorovodKnobs:
+    compression: Literal["none", "fp16"] = "none"
+    fusion_threshold_mb: int = field(default=64, metadata=_m(min=0, max=4096))
+    cycle_time_ms: float = field(default=1.0, metadata=_m(min=0.0, max=10000.0))
+
+
+@dataclass(frozen=True)
+class Train:
+    backend: Literal["torch"] = "torch"
+    model: str = field(default="mlp", metadata=_m(pattern=r"[a-z][a-z0-9_]*",
+                                                  pattern_help="a model name from models/"))
+    data: Data = field(default_factory=Data)
+    batch_size: int = field(default=64, metadata=_m("samples per rank per step", min=1))
+    epochs: int = field(default=1, metadata=_m(min=1))
+    max_steps: Optional[int] = field(default=None, metadata=_m(min=1))
+    lr: float = field(default=0.05, metadata=_m(min=0.0))
+    grad_accumulation: int = field(default=1, metadata=_m(min=1))
+    horovod: HorovodKnobs = field(default_factory=HorovodKnobs)
+    seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str = field(metadata=_m("job name", pattern=NAME, pattern_help="letters, digits, _ . - (max 64)"))
+    template: str = field(default="horovod", metadata=_m(pattern=r"[A-Za-z0-9_./-]+",
+                                                         pattern_help="a template name"))
+    launcher: Literal["mpirun", "srun"] = "mpirun"
+    output_dir: str = field(default="runs", metadata=_m("where run directories go, relative to "
+                                                        "the submit directory"))
+    resources: Resources = field(default_factory=Resources)
+    env: dict[str, str] = field(default_factory=dict)
+    train: Train = field(default_factory=Train)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.tasks_per_node
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    def digest(self) -> str:
+        """A stable hash of the whole spec (for results and checkpoints)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_spec(path: str) -> JobSpec:
+    return spec_from_dict(read_yaml(path), path)
+
+
+def spec_from_dict(data: dict, source: str) -> JobSpec:
+    from .errors import ConfigError
+    import re
+
+    spec = build(JobSpec, data, source)
+    for key in spec.env:
+        if not re.fullmatch(ENV_NAME, key):
+            raise ConfigError(source, f"env.{key}", "not a valid environment variable name")
+    return spec

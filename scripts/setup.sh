@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Set up everything hpcsuite needs on a Debian bookworm machine, idempotently:
+#   Debian packages (OpenMPI, Slurm, munge, build tools), a venv with torch, TensorFlow,
+#   mpi4py and hpcsuite, and Horovod 0.28.1 built from its PyPI sdist with the patches
+#   today's frameworks need. The built Horovod wheel is cached, keyed by the versions it was
+#   built against, so a second run installs it in seconds and never rebuilds.
+#
+# Environment knobs:
+#   HPCSUITE_VENV   venv directory              (default: <repo>/.venv)
+#   HPCSUITE_CACHE  wheel cache directory       (default: ~/.cache/hpcsuite)
+#   HPCSUITE_SKIP_APT=1  do not call apt-get (packages must already be there)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HPCSUITE_VENV:-$REPO/.venv}
+CACHE=${HPCSUITE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hpcsuite}
+PYTHON=${PYTHON:-python3}
+
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.13.0
+TF_VERSION=2.21.0
+MPI4PY_VERSION=4.1.2
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- Debian packages
+APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm munge cmake build-essential)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  [[ ${HPCSUITE_SKIP_APT:-0} == 1 ]] && die "missing Debian packages: ${missing[*]} (HPCSUITE_SKIP_APT=1 is set)"
+  [[ $(id -u) == 0 ]] || die "missing Debian packages ${missing[*]}; run as root or install them first"
+  say "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---------------------------------------------------------------- venv + Python packages
+"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null \
+  || die "$PYTHON is not Python 3.11 (set PYTHON=...)"
+if [[ ! -x $VENV/bin/python ]]; then
+  say "creating venv $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY=$VENV/bin/python
+pip_q() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+
+have() { "$PY" - "$@" <<'PYEOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+name, want = sys.argv[1], sys.argv[2]
+try:
+    got = version(name)
+except PackageNotFoundError:
+    sys.exit(1)
+sys.exit(0 if got.split("+")[0] == want else 1)
+PYEOF
+}
+
+have torch "$TORCH_VERSION" || { say "installing torch==$TORCH_VERSION (CPU)"; pip_q "torch==$TORCH_VERSION"; }
+have tensorflow-cpu "$TF_VERSION" || { say "installing tensorflow-cpu==$TF_VERSION"; pip_q "tensorflow-cpu==$TF_VERSION"; }
+# Build mpi4py from source so it links the system OpenMPI that mpirun and Horovod use.
+have mpi4py "$MPI4PY_VERSION" || { say "building mpi4py==$MPI4PY_VERSION against system OpenMPI"; pip_q --no-binary mpi4py "mpi4py==$MPI4PY_VERSION"; }
+
+# hpcsuite itself (editable, with test extras); reinstall only when pyproject.toml changed.
+stamp=$VENV/.hpcsuite-pyproject.sha
+sum=$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! "$PY" -c 'import hpcsuite' 2>/dev/null; then
+  say "installing hpcsuite (editable) with test extras"
+  pip_q -e "$REPO[test]"
+  echo "$sum" > "$stamp"
+fi
+
+# ---------------------------------------------------------------- Horovod
+horovod_ok() {
+  "$PY" - <<'PYEOF' 2>/dev/null
+import horovod.torch as ht, horovod.tensorflow as htf
+ok = ht.mpi_built() and htf.mpi_built()
+raise SystemExit(0 if ok else 1)
+PYEOF
+}
+
+mpi_version=$(mpirun --version 2>/dev/null | head -n1 | awk '{print $NF}')
+py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+key="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_tf-${TF_VERSION}_${py_tag}_openmpi-${mpi_version}"
+wheel_dir=$CACHE/wheels/$key
+
+if have horovod "$HOROVOD_VERSION" && horovod_ok && [[ -f $VENV/.horovod-key && $(cat "$VENV/.horovod-key") == "$key" ]]; then
+  :
+else
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    say "building Horovod $HOROVOD_VERSION (key $key); this takes ~10 minutes on 2 cores"
+    build=$(mktemp -d)
+    trap 'rm -rf "$build"' EXIT
+    "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+      -d "$build" "horovod==$HOROVOD_VERSION"
+    tar -xzf "$build"/horovod-"$HOROVOD_VERSION".tar.gz -C "$build"
+    src=$build/horovod-$HOROVOD_VERSION
+
+    # Fix 1: torch >= 2.1 headers require C++17; Horovod 0.28.1 compiles its torch
+    # extension as C++14 (fixed upstream after 0.28.1, never released).
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/horovod/torch/CMakeLists.txt"
+    # Fix 2: the whole project must be C++17 too, or gloo (C++14) and the torch extension
+    # (C++17) both define gloo::rendezvous::Store::kDefaultTimeout and the link fails.
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt"
+    # Fix 3: TensorFlow >= 2.16 wheels lack the highwayhash/farmhash headers that the
+    # optional XLA ops include; drop xla_mpi_ops.cc (the XLA path is not used by hpcsuite).
+    sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+    for f in "$src/horovod/torch/CMakeLists.txt" "$src/CMakeLists.txt"; do
+      grep -q 'CMAKE_CXX_STANDARD 17' "$f" || die "patch did not apply to $f (sdist changed?)"
+    done
+    ! grep -q 'xla_mpi_ops.cc' "$src/horovod/tensorflow/CMakeLists.txt" || die "xla patch did not apply"
+
+    # cmake and the compilers come from Debian; build against the venv's torch and TF.
+    (cd "$src" && PATH=$VENV/bin:$PATH \
+      HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+      HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS=-j"$(nproc)" \
+      "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+        -w "$build/dist" . ) > "$build/build.log" 2>&1 \
+      || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
+    mkdir -p "$wheel_dir"
+    cp "$build"/dist/horovod-*.whl "$wheel_dir"/
+    say "cached $(ls "$wheel_dir")"
+  fi
+  say "installing cached Horovod wheel from $wheel_dir"
+  pip_q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+  # Horovod's runtime deps (cloudpickle, psutil, pyyaml, packaging, cffi) without touching torch/TF.
+  pip_q cloudpickle psutil pyyaml packaging cffi
+  echo "$key" > "$VENV/.horovod-key"
+fi
+
+# Stop here, loudly, if this Horovod cannot do what hpcsuite needs.
+check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
+for need in TensorFlow PyTorch MPI; do
+  grep -Eq "\[X\] $need" <<<"$check" || die "installed Horovod lacks $need support:
+$check
+remove $wheel_dir and rerun to rebuild"
+done
+say "ready: venv $VENV, Horovod $HOROVOD_VERSION with TensorFlow, PyTorch, MPI"

@@ -1,0 +1,42 @@
+"""Shared fixtures. The e2e tier brings up a private local Slurm cluster (its own directory
+and ports, so a demo cluster may keep running) and always stops it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SBATCH = REPO / "sbatch"
+TEST_PORT = int(os.environ.get("HPCSUITE_TEST_PORT", "16917"))
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """`python -m hpcsuite ARGS` in a subprocess, as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "hpcsuite", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"hpcsuite {' '.join(args)} exit {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory):
+    """A running two-node Slurm cluster; yields (LocalCluster, env for Slurm clients)."""
+    from hpcsuite.cluster import LocalCluster
+
+    root = tmp_path_factory.mktemp("cluster")
+    cluster = LocalCluster(root, port=TEST_PORT)
+    try:
+        cluster.up(timeout=90)
+        env = dict(os.environ, SLURM_CONF=str(cluster.conf), HPCSUITE_CLUSTER_DIR=str(root))
+        yield cluster, env
+    finally:
+        cluster.down()
+        assert not any(cluster.states().values()), "a cluster daemon survived `down`"

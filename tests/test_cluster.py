@@ -1,0 +1,62 @@
+"""The project's local Slurm cluster: idempotent up, status, and clear errors."""
+
+import json
+import socket
+import subprocess
+
+import pytest
+
+from hpcsuite.cluster import LocalCluster
+from hpcsuite.errors import UserError
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def test_up_twice_is_harmless(local_cluster):
+    cluster, env = local_cluster
+    pids = cluster.states()
+    assert all(pids.values())
+    assert cluster.up(timeout=30) == [f"cluster already up ({cluster.root})"]
+    assert cluster.states() == pids
+    assert cluster.node_states() == {"node1": "idle", "node2": "idle"} or \
+        set(cluster.node_states()) == {"node1", "node2"}
+
+
+def test_status_command(local_cluster):
+    cluster, env = local_cluster
+    out = run_cli("cluster", "status", "--json", env=env, check=True)
+    data = json.loads(out.stdout)
+    assert data["up"] and set(data["nodes"]) == {"node1", "node2"}
+
+
+def test_config_stays_in_cluster_dir(local_cluster):
+    cluster, env = local_cluster
+    text = cluster.conf.read_text()
+    assert "/etc/slurm" not in text and str(cluster.root) in text
+
+
+def test_port_taken_is_a_clear_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        c = LocalCluster(tmp_path / "c", port=port - 1 if port > 1025 else port)
+        with pytest.raises(UserError, match=rf"port {port} .* already in use"):
+            try:
+                c.up(timeout=10)
+            finally:
+                c.down()
+
+
+def test_not_root_is_a_clear_error(tmp_path):
+    probe = ("import sys; from hpcsuite.cli import main; main(args=['cluster','up'], "
+             "prog_name='hpcsuite')")
+    import sys
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, env={"HPCSUITE_CLUSTER_DIR": str(tmp_path / "c"),
+                                           "PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp"})
+    assert proc.returncode == 2, proc.stderr
+    assert "runs its daemons as root" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,61 @@
+"""End to end: the quickstart job through the real local Slurm cluster, OpenMPI and Horovod."""
+
+import json
+
+import pytest
+
+from conftest import SBATCH, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def test_quickstart_trains_on_two_ranks(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    proc = run_cli("submit", str(SBATCH / "quickstart.yaml"), "--wait", "--timeout", "600",
+                   cwd=tmp_path, env=env, timeout=700)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    run_dirs = list((tmp_path / "runs" / "quickstart").iterdir())
+    run_dir = next(d for d in run_dirs if d.is_dir())
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2
+    assert sorted(results["hosts"]) == ["node1", "node2"]      # one rank per virtual node
+    assert results["steps"] == 3 * 64                           # 8192 / (2*64) per epoch
+    losses = results["loss"]
+    assert len(losses) == results["steps"]
+    assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
+    sums = results["param_checksums"]
+    assert len(sums) == 2 and sums[0] == sums[1]
+    assert results["samples"] == 3 * 8192 and results["samples_per_s"] > 0
+    for key in ("torch", "horovod", "mpi", "slurm"):
+        assert results["versions"][key], key
+    assert "slurm" in results["versions"]["slurm"] and "Open MPI" in results["versions"]["mpi"]
+    assert {p.name for p in run_dir.iterdir()} >= {"job.sbatch", "job.json", "submit.json",
+                                                   "rank-0.json", "rank-1.json", "results.json"}
+    # What the user is shown: ranks, throughput, loss and where the outputs are.
+    assert "2 ranks on" in proc.stdout and "samples/s" in proc.stdout and str(run_dir) in proc.stdout
+
+
+def test_failing_job_exits_nonzero_with_log_tail(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    spec = tmp_path / "broken.yaml"
+    # A model name the runtime does not know: the job itself fails on the compute nodes.
+    spec.write_text("name: broken\nresources: {nodes: 1, time: '00:02:00'}\n"
+                    "train: {model: nosuchmodel, max_steps: 1}\n")
+    proc = run_cli("submit", str(spec), "--wait", "--timeout", "300", cwd=tmp_path, env=env,
+                   timeout=400)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ended FAILED" in proc.stderr and "unknown model 'nosuchmodel'" in proc.stderr
+
+
+def test_status_and_logs_of_finished_job(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: tiny\nresources: {nodes: 1}\n"
+                    "train: {data: {samples: 256}, max_steps: 2}\n")
+    proc = run_cli("submit", str(spec), "--json", "--wait", cwd=tmp_path, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    job_id = json.loads(proc.stdout)["job_id"]
+    status = run_cli("status", job_id, "--json", env=env, check=True)
+    assert json.loads(status.stdout)["state"] == "COMPLETED"
+    logs = run_cli("logs", job_id, env=env, check=True)
+    assert "hpcsuite train: wrote" in logs.stdout

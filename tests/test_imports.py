@@ -1,0 +1,43 @@
+"""Login-node commands never import torch, tensorflow or horovod."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SBATCH
+
+HEAVY = ("torch", "tensorflow", "horovod", "keras", "mpi4py", "numpy")
+PROBE = """
+import json, sys
+from hpcsuite.cli import main
+try:
+    main(args=sys.argv[1:], prog_name="hpcsuite")
+except SystemExit:
+    pass
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
+print("\\nHEAVY=" + json.dumps(heavy))
+""".format(heavy=set(HEAVY))
+
+COMMANDS = [
+    ["--help"], ["render", "--help"], ["submit", "--help"], ["status", "--help"],
+    ["logs", "--help"], ["cancel", "--help"], ["cluster", "--help"], ["cluster", "status", "--help"],
+    ["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
+    ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"],
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_no_framework_imported(args):
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                         timeout=60)
+    line = [l for l in out.stdout.splitlines() if l.startswith("HEAVY=")]
+    assert line, out.stderr
+    assert json.loads(line[-1][6:]) == []
+
+
+def test_train_help_does_not_import_frameworks_either():
+    out = subprocess.run([sys.executable, "-c", PROBE, "train", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert "HEAVY=[]" in out.stdout

@@ -1,0 +1,80 @@
+"""Rendering is strict and shell-safe."""
+
+import json
+import subprocess
+
+import pytest
+
+from hpcsuite.errors import UserError
+from hpcsuite.plan import plan
+from hpcsuite.profile import SiteProfile
+from hpcsuite.spec import spec_from_dict
+from hpcsuite.templating import SearchPath, render
+
+EVIL = "$(touch {canary}); `touch {canary}`; ' \" && touch {canary} | x > {canary}"
+
+
+def test_values_with_shell_metacharacters_stay_inert(tmp_path):
+    """Run the rendered script's value lines in bash: the canary must never appear."""
+    canary = tmp_path / "CANARY"
+    evil = EVIL.format(canary=canary)
+    job = spec_from_dict({"name": "evil", "env": {"EVIL": evil}, "output_dir": f"o {evil}"
+                          .replace("\n", "")}, "test")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    # Execute everything up to the launch line with the launcher replaced by a harmless echo.
+    head = script.split("\nmpirun ")[0]
+    probe = head + '\nprintf "%s" "$EVIL" > "$RUN_DIR/evil.txt"\n'
+    (tmp_path / "job.sh").write_text(probe)
+    subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, check=True,
+                   env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"})
+    assert not canary.exists()
+    run_dir = tmp_path / f"o {evil}" / "evil" / "7"
+    assert (run_dir / "evil.txt").read_text() == evil
+    assert json.loads((run_dir / "job.json").read_text())["env"]["EVIL"] == evil
+
+
+def test_newline_in_profile_value_is_refused():
+    job = spec_from_dict({"name": "x"}, "test")
+    with pytest.raises(UserError, match="newline or NUL"):
+        plan(job, SiteProfile(python="python3", env={"A": "a\nb"}), SearchPath.builtin_only())
+
+
+def test_undefined_variable_names_template_file_and_line(tmp_path):
+    (tmp_path / "broken.sbatch.j2").write_text("#!/bin/bash\n\necho {{ nope }}\n")
+    path = SearchPath((("cli", tmp_path),))
+    with pytest.raises(UserError) as exc:
+        render(path, "broken", {})
+    assert f"{tmp_path / 'broken.sbatch.j2'}:3: undefined variable" in str(exc.value)
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    (tmp_path / "bad.sbatch.j2").write_text("#!/bin/bash\n{% if %}\n")
+    with pytest.raises(UserError, match=r"bad.sbatch.j2:2: template syntax error"):
+        render(SearchPath((("cli", tmp_path),)), "bad", {})
+
+
+def test_unknown_template_lists_available():
+    with pytest.raises(UserError, match=r"template 'horovd' not found \(did you mean \"horovod\"\?\)"):
+        SearchPath.builtin_only().which("horovd")
+
+
+def test_search_path_order_cli_wins(tmp_path):
+    (tmp_path / "horovod.sbatch.j2").write_text("#!/bin/bash\n# mine\n")
+    path = SearchPath.default(template_dir=str(tmp_path), cwd=tmp_path)
+    assert path.which("horovod") == tmp_path / "horovod.sbatch.j2"
+    assert [layer for layer, _ in path.dirs] == ["cli", "project", "user", "site", "builtin"]
+
+
+def test_mpirun_launch_line():
+    job = spec_from_dict({"name": "x", "resources": {"nodes": 2, "tasks_per_node": 3}}, "t")
+    script = plan(job, SiteProfile(python="/opt/py env/python"), SearchPath.builtin_only()).script
+    launch = [l for l in script.splitlines() if l.startswith("mpirun ")][0]
+    assert "-np 6 --map-by ppr:3:node --bind-to none" in launch
+    assert "'/opt/py env/python' -m hpcsuite train --job \"$RUN_DIR/job.json\"" in launch
+    assert "-x HOROVOD_FUSION_THRESHOLD" in launch
+
+
+def test_srun_launch_line():
+    job = spec_from_dict({"name": "x", "launcher": "srun"}, "t")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 --ntasks=1" in script
