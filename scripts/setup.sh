@@ -46,7 +46,9 @@ if [[ ! -x $VENV/bin/python ]]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY=$VENV/bin/python
-pip_q() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+# pip's config on these machines names local index folders that may be absent; its
+# "Location ... is ignored" warnings are noise, everything else is shown.
+pip_q() { "$PY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2); }
 
 have() { "$PY" - "$@" <<'PYEOF'
 import sys
@@ -75,68 +77,63 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! "$PY" -c 'import hpcsuite
 fi
 
 # ---------------------------------------------------------------- Horovod
-horovod_ok() {
-  "$PY" - <<'PYEOF' 2>/dev/null
-import horovod.torch as ht, horovod.tensorflow as htf
-ok = ht.mpi_built() and htf.mpi_built()
-raise SystemExit(0 if ok else 1)
-PYEOF
-}
-
 mpi_version=$(mpirun --version 2>/dev/null | head -n1 | awk '{print $NF}')
 py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 key="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_tf-${TF_VERSION}_${py_tag}_openmpi-${mpi_version}"
 wheel_dir=$CACHE/wheels/$key
 
-if have horovod "$HOROVOD_VERSION" && horovod_ok && [[ -f $VENV/.horovod-key && $(cat "$VENV/.horovod-key") == "$key" ]]; then
-  :
-else
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    say "building Horovod $HOROVOD_VERSION (key $key); this takes ~10 minutes on 2 cores"
-    build=$(mktemp -d)
-    trap 'rm -rf "$build"' EXIT
-    "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
-      -d "$build" "horovod==$HOROVOD_VERSION"
-    tar -xzf "$build"/horovod-"$HOROVOD_VERSION".tar.gz -C "$build"
-    src=$build/horovod-$HOROVOD_VERSION
-
-    # Fix 1: torch >= 2.1 headers require C++17; Horovod 0.28.1 compiles its torch
-    # extension as C++14 (fixed upstream after 0.28.1, never released).
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/horovod/torch/CMakeLists.txt"
-    # Fix 2: the whole project must be C++17 too, or gloo (C++14) and the torch extension
-    # (C++17) both define gloo::rendezvous::Store::kDefaultTimeout and the link fails.
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt"
-    # Fix 3: TensorFlow >= 2.16 wheels lack the highwayhash/farmhash headers that the
-    # optional XLA ops include; drop xla_mpi_ops.cc (the XLA path is not used by hpcsuite).
-    sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-    for f in "$src/horovod/torch/CMakeLists.txt" "$src/CMakeLists.txt"; do
-      grep -q 'CMAKE_CXX_STANDARD 17' "$f" || die "patch did not apply to $f (sdist changed?)"
-    done
-    ! grep -q 'xla_mpi_ops.cc' "$src/horovod/tensorflow/CMakeLists.txt" || die "xla patch did not apply"
-
-    # cmake and the compilers come from Debian; build against the venv's torch and TF.
-    (cd "$src" && PATH=$VENV/bin:$PATH \
-      HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-      HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS=-j"$(nproc)" \
-      "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
-        -w "$build/dist" . ) > "$build/build.log" 2>&1 \
-      || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
-    mkdir -p "$wheel_dir"
-    cp "$build"/dist/horovod-*.whl "$wheel_dir"/
-    say "cached $(ls "$wheel_dir")"
-  fi
-  say "installing cached Horovod wheel from $wheel_dir"
-  pip_q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
-  # Horovod's runtime deps (cloudpickle, psutil, pyyaml, packaging, cffi) without touching torch/TF.
-  pip_q cloudpickle psutil pyyaml packaging cffi
-  echo "$key" > "$VENV/.horovod-key"
+# .horovod-key is written only after `horovodrun --check-build` passed for this exact key.
+if have horovod "$HOROVOD_VERSION" && [[ -f $VENV/.horovod-key && $(cat "$VENV/.horovod-key") == "$key" ]]; then
+  say "ready: venv $VENV, Horovod $HOROVOD_VERSION ($key)"
+  exit 0
 fi
+rm -f "$VENV/.horovod-key"
+
+if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+  say "building Horovod $HOROVOD_VERSION (key $key); this takes ~10 minutes on 2 cores"
+  build=$(mktemp -d)
+  trap 'rm -rf "$build"' EXIT
+  "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+    -d "$build" "horovod==$HOROVOD_VERSION" 2> >(grep -v '^WARNING: Location' >&2)
+  tar -xzf "$build"/horovod-"$HOROVOD_VERSION".tar.gz -C "$build"
+  src=$build/horovod-$HOROVOD_VERSION
+
+  # Fix 1: torch >= 2.1 headers require C++17; Horovod 0.28.1 compiles its torch
+  # extension as C++14 (fixed upstream after 0.28.1, never released).
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/horovod/torch/CMakeLists.txt"
+  # Fix 2: the whole project must be C++17 too, or gloo (C++14) and the torch extension
+  # (C++17) both define gloo::rendezvous::Store::kDefaultTimeout and the link fails.
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt"
+  # Fix 3: TensorFlow >= 2.16 wheels lack the highwayhash/farmhash headers that the
+  # optional XLA ops include; drop xla_mpi_ops.cc (hpcsuite does not use Horovod's XLA ops).
+  sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+  for f in "$src/horovod/torch/CMakeLists.txt" "$src/CMakeLists.txt"; do
+    grep -q 'CMAKE_CXX_STANDARD 17' "$f" || die "C++17 patch did not apply to $f (sdist changed?)"
+  done
+  ! grep -q 'xla_mpi_ops.cc' "$src/horovod/tensorflow/CMakeLists.txt" || die "XLA patch did not apply"
+
+  # cmake and the compilers come from Debian; build against the venv's torch and TF.
+  (cd "$src" && PATH=$VENV/bin:$PATH \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS=-j"$(nproc)" \
+    "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+      -w "$build/dist" . ) > "$build/build.log" 2>&1 \
+    || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
+  mkdir -p "$wheel_dir"
+  cp "$build"/dist/horovod-*.whl "$wheel_dir"/
+  say "cached $(cd "$wheel_dir" && ls) in $wheel_dir"
+fi
+say "installing cached Horovod wheel from $wheel_dir"
+pip_q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+# Horovod's runtime deps, without letting pip touch torch or TensorFlow.
+pip_q cloudpickle psutil pyyaml packaging cffi
 
 # Stop here, loudly, if this Horovod cannot do what hpcsuite needs.
-check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
+check=$("$VENV/bin/horovodrun" --check-build 2>/dev/null) || die "horovodrun --check-build failed"
 for need in TensorFlow PyTorch MPI; do
   grep -Eq "\[X\] $need" <<<"$check" || die "installed Horovod lacks $need support:
 $check
-remove $wheel_dir and rerun to rebuild"
+delete $wheel_dir and rerun scripts/setup.sh to rebuild it"
 done
-say "ready: venv $VENV, Horovod $HOROVOD_VERSION with TensorFlow, PyTorch, MPI"
+echo "$key" > "$VENV/.horovod-key"
+say "ready: venv $VENV, Horovod $HOROVOD_VERSION with TensorFlow, PyTorch and MPI ($key)"

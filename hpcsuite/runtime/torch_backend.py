@@ -69,7 +69,7 @@ def train(job: JobSpec, run_dir: Path) -> dict:
             per_sample = loss_fn(model(xb), yb) * w
             loss = per_sample.sum() * (size / batch.step_real)
             loss.backward()
-            loss_sum += float(per_sample.sum())
+            loss_sum += float(per_sample.detach().sum())
             seen += int(batch.weights.sum())
             if not batch.last_in_step:
                 continue
@@ -115,7 +115,7 @@ def train(job: JobSpec, run_dir: Path) -> dict:
             "data_wait_fraction": sum(data_times) / max(sum(step_times), 1e-12),
             "loss": loss, "param_checksums": checksums, "spec_digest": job.digest(),
             "versions": {"torch": torch.__version__, "horovod": horovod.__version__,
-                         "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                         "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
                          "numpy": np.__version__},
         }
     hvd.shutdown()
