@@ -60,3 +60,19 @@ def test_not_root_is_a_clear_error(tmp_path):
                                            "PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp"})
     assert proc.returncode == 2, proc.stderr
     assert "runs its daemons as root" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_daemon_that_fails_reports_its_log_line_and_cleans_up(tmp_path, monkeypatch):
+    """A slurmctld that dies at start: the error quotes its fatal line; munged is stopped."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "slurmctld").write_text(
+        "#!/bin/sh\necho 'slurmctld: fatal: Unable to determine this slurmctld is primary' >&2\n"
+        "exit 1\n")
+    (shims / "slurmctld").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:{__import__('os').environ['PATH']}")
+    c = LocalCluster(tmp_path / "c", port=16950)
+    with pytest.raises(UserError) as exc:
+        c.up(timeout=10)
+    assert "slurmctld exited at start: slurmctld: fatal: Unable to determine" in str(exc.value)
+    assert not any(c.states().values()), "munged was left running after a failed up"

@@ -59,3 +59,16 @@ def test_status_and_logs_of_finished_job(local_cluster, tmp_path):
     assert json.loads(status.stdout)["state"] == "COMPLETED"
     logs = run_cli("logs", job_id, env=env, check=True)
     assert "hpcsuite train: wrote" in logs.stdout
+
+
+def test_srun_pmix_across_two_virtual_nodes(local_cluster, tmp_path):
+    """srun --mpi=pmix starts the ranks itself; per-node TmpFS keeps the PMIx dirs apart."""
+    cluster, env = local_cluster
+    spec = tmp_path / "srun.yaml"
+    spec.write_text("name: srun2\nlauncher: srun\nresources: {nodes: 2, tasks_per_node: 1}\n"
+                    "train: {data: {samples: 512}, max_steps: 4}\n")
+    proc = run_cli("submit", str(spec), "--json", "--wait", cwd=tmp_path, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(proc.stdout)["results"]
+    assert results["world_size"] == 2 and sorted(results["hosts"]) == ["node1", "node2"]
+    assert len(set(results["param_checksums"])) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UserError
 from ..spec import JobSpec
 from .data import open_data
 from .sharding import Cursor, Sharder
@@ -21,12 +22,22 @@ def param_checksum(model) -> str:
     return h.hexdigest()
 
 
+def _imports():
+    try:
+        import torch
+        import horovod
+        import horovod.torch as hvd
+        from mpi4py import MPI
+    except ImportError as e:
+        raise UserError(f"hpcsuite train (backend torch) cannot import {e.name}: {e}; "
+                        "install torch, mpi4py and Horovod on the compute nodes "
+                        "(scripts/setup.sh) or load the site's modules in the profile's setup") from None
+    return torch, horovod, hvd, MPI
+
+
 def train(job: JobSpec, run_dir: Path) -> dict:
-    import torch
-    import horovod
-    import horovod.torch as hvd
+    torch, horovod, hvd, MPI = _imports()
     from hpcsuite import models
-    from mpi4py import MPI
 
     t = job.train
     hvd.init()

@@ -1,0 +1,53 @@
+"""Login-node latency: `hpcsuite render` against the floor of importing click + jinja2 + yaml.
+
+Runs each command N times in fresh interpreters, alternating, and prints medians and the ratio.
+    .venv/bin/python bench/render_latency.py [-n 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "sbatch" / "quickstart.yaml"
+PROFILE = ROOT / "sbatch" / "profile.yaml"
+
+CASES = {
+    "floor: python -c 'import click, jinja2, yaml'": [sys.executable, "-c", "import click, jinja2, yaml"],
+    "hpcsuite render": [sys.executable, "-m", "hpcsuite", "render", str(SPEC), "--profile", str(PROFILE)],
+    "hpcsuite submit --dry-run": [sys.executable, "-m", "hpcsuite", "submit", str(SPEC), "--dry-run"],
+    "hpcsuite --help": [sys.executable, "-m", "hpcsuite", "--help"],
+}
+
+
+def timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("-n", type=int, default=30)
+    args = ap.parse_args()
+    samples = {name: [] for name in CASES}
+    for name, argv in CASES.items():
+        timed(argv)  # warm the page cache
+    for _ in range(args.n):
+        for name, argv in CASES.items():
+            samples[name].append(timed(argv))
+    floor = statistics.median(samples[next(iter(CASES))])
+    print(f"{'command':45} {'median ms':>10} {'p90 ms':>8} {'x floor':>8}")
+    for name, xs in samples.items():
+        med = statistics.median(xs)
+        p90 = sorted(xs)[int(0.9 * (len(xs) - 1))]
+        print(f"{name:45} {med * 1e3:10.1f} {p90 * 1e3:8.1f} {med / floor:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
