@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, slurm
+from . import __version__
 from .launchers import LaunchContext, get_launcher
 from .profile import SiteProfile
 from .shell import Raw, join
@@ -79,6 +79,7 @@ class Submitted:
 
 def submit(request: BatchRequest) -> Submitted:
     """Write the script, call sbatch from the work directory, record what was submitted."""
+    from . import slurm
     root = Path(request.workdir) / request.run_root
     root.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")

@@ -18,12 +18,15 @@ import yaml
 
 from .errors import ConfigError, close_match, UserError
 
+# libyaml's parser when present: the same safe loader, several times faster on a login node.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def read_yaml(path: str) -> dict:
     """Parse a YAML file that must hold a mapping; errors name the file and line."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_Loader)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -83,6 +82,8 @@ class JobSpec:
 
     def digest(self) -> str:
         """A stable hash of the whole spec (for results and checkpoints)."""
+        import hashlib  # OpenSSL's import costs a login-node command ~5 ms; only needed here
+
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

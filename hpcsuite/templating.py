@@ -80,8 +80,20 @@ def _finalize(value: object) -> str:
         raise UserError(f"refusing to render: {e}") from None
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates cached on disk (keyed by file and mtime): render skips Jinja's
+    lexer and compiler, most of its cost after imports. Best effort: no cache if unwritable."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpcsuite" / "jinja"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(root)) if os.access(root, os.W_OK) else None
+
+
 def environment(path: SearchPath) -> jinja2.Environment:
     env = jinja2.Environment(
+        bytecode_cache=_bytecode_cache(),
         loader=jinja2.FileSystemLoader([str(d) for d in path.existing()]),
         undefined=jinja2.StrictUndefined,
         finalize=_finalize,
