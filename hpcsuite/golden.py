@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .config import resolve
 from .plan import plan
-from .profile import load_profile
-from .spec import load_spec
 from .templating import SearchPath
 
 PROFILE = "profile.yaml"
@@ -23,7 +22,8 @@ def example_specs(sbatch_dir: Path) -> list[Path]:
 
 def expected_scripts(sbatch_dir: Path) -> dict[Path, str]:
     sbatch_dir = Path(sbatch_dir)
-    profile = load_profile(str(sbatch_dir / PROFILE))
-    path = SearchPath.builtin_only()
-    return {spec.with_suffix(".sbatch"): plan(load_spec(str(spec)), profile, path).script
-            for spec in example_specs(sbatch_dir)}
+    out = {}
+    for spec in example_specs(sbatch_dir):
+        r = resolve(str(spec), str(sbatch_dir / PROFILE), ambient=False)
+        out[spec.with_suffix(".sbatch")] = plan(r.job, r.profile, SearchPath.builtin_only()).script
+    return out

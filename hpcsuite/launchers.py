@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .errors import UserError, close_match
+from .profile import Mpi
 from .shell import Raw
 from .spec import JobSpec
 
@@ -16,6 +17,7 @@ from .spec import JobSpec
 @dataclass(frozen=True)
 class LaunchContext:
     job: JobSpec
+    mpi: Mpi                         # the site's MPI flavour and extra arguments
     command: tuple[object, ...]      # what every rank runs
     env_names: tuple[str, ...]       # variables every rank must see
 
@@ -43,7 +45,7 @@ class MpirunLauncher(Launcher):
                               "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
         for name in ctx.env_names:
             argv += ["-x", name]
-        return argv + list(ctx.command)
+        return argv + list(ctx.mpi.mpirun_args) + list(ctx.command)
 
 
 class SrunLauncher(Launcher):
@@ -53,9 +55,9 @@ class SrunLauncher(Launcher):
 
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
-        return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1",
+        return ["srun", f"--mpi={ctx.mpi.srun_mpi}", "--kill-on-bad-exit=1",
                 f"--ntasks={ctx.job.world_size}", f"--ntasks-per-node={r.tasks_per_node}",
-                f"--cpus-per-task={r.cpus_per_task}", *ctx.command]
+                f"--cpus-per-task={r.cpus_per_task}", *ctx.mpi.srun_args, *ctx.command]
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (MpirunLauncher, SrunLauncher)}

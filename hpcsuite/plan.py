@@ -47,19 +47,23 @@ class BatchRequest:
 
 
 def plan(job: JobSpec, profile: SiteProfile, path: SearchPath) -> BatchRequest:
-    environment = {**horovod_environment(job), **profile.env, **job.env}
+    environment = {**horovod_environment(job), **job.env}
     command = [profile.interpreter(), "-m", "hpcsuite", "train", "--job", Raw('"$RUN_DIR/job.json"')]
-    ctx = LaunchContext(job=job, command=tuple(command),
+    ctx = LaunchContext(job=job, mpi=profile.mpi, command=tuple(command),
                         env_names=("PATH", "HPCSUITE_RUN_DIR", *environment))
     launch = join(get_launcher(job.launcher).argv(ctx))
     run_root = f"{job.output_dir.rstrip('/')}/{job.name}"
     template_file = path.which(job.template)
+    partition = profile.partitions.get(job.resources.partition or "")
     context = {
         "job": job,
+        "site": profile,
+        "partition": partition,
         "version": __version__,
         "template_name": job.template,
         "digest": job.digest(),
         "paths": {"run_root": run_root, "log": f"{run_root}/slurm-%j.out"},
+        "modules": list(profile.modules),
         "setup": [Raw(line) for line in profile.setup],
         "environment": environment,
         "job_json": Raw(json.dumps(job.to_dict(), sort_keys=True, ensure_ascii=True)),

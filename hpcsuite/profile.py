@@ -1,4 +1,8 @@
-"""The site profile: what the cluster looks like and how jobs start on it."""
+"""The site profile: what the cluster looks like and how jobs start on it.
+
+A sysadmin writes it once (``$HPCSUITE_SITE_DIR/profile.yaml`` or ``/etc/hpcsuite/profile.yaml``);
+users and projects may add their own layers (see :mod:`hpcsuite.config`).
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,51 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .schema import build, read_yaml
+from .spec import NAME, WALLTIME, _m
+
+OPTION = r"[A-Za-z0-9_.,:=+@%/-]+"
+MODULE = r"[A-Za-z0-9_.+/@:-]+"
+
+
+@dataclass(frozen=True)
+class Partition:
+    cpus_per_node: Optional[int] = field(default=None, metadata=_m("cores per node", min=1))
+    gpus_per_node: int = field(default=0, metadata=_m("GPUs per node", min=0))
+    max_time: Optional[str] = field(default=None, metadata=_m(
+        "longest walltime", pattern=WALLTIME, pattern_help="use [D-]HH:MM[:SS] or minutes", coerce=True))
+    account: Optional[str] = field(default=None, metadata=_m(pattern=OPTION, pattern_help="an account name"))
+    qos: Optional[str] = field(default=None, metadata=_m(pattern=OPTION, pattern_help="a QOS name"))
+    reservation: Optional[str] = field(default=None, metadata=_m(pattern=OPTION, pattern_help="a reservation"))
+    constraint: Optional[str] = field(default=None, metadata=_m(
+        pattern=r"[A-Za-z0-9_.,:|&*\[\]()-]+", pattern_help="a Slurm feature expression"))
+
+
+@dataclass(frozen=True)
+class Mpi:
+    flavour: str = field(default="openmpi", metadata=_m(pattern=r"openmpi",
+                                                        pattern_help="supported: openmpi"))
+    srun_mpi: str = field(default="pmix", metadata=_m(
+        "srun --mpi plugin", pattern=r"pmix(_v\d)?|pmi2|none", pattern_help="pmix, pmix_vN, pmi2 or none"))
+    mpirun_args: list[str] = field(default_factory=list, metadata=_m("extra mpirun arguments"))
+    srun_args: list[str] = field(default_factory=list, metadata=_m("extra srun arguments"))
 
 
 @dataclass(frozen=True)
 class SiteProfile:
-    python: Optional[str] = field(default=None, metadata={
-        "help": "interpreter that runs `hpcsuite train` on compute nodes "
-                "(default: the one running hpcsuite at submit time)"})
-    setup: list[str] = field(default_factory=list, metadata={
-        "help": "shell lines run before training (module loads, venv activation)"})
-    env: dict[str, str] = field(default_factory=dict, metadata={
-        "help": "environment for every rank (UCX_*, NCCL_*, OMPI_MCA_*)"})
+    name: Optional[str] = field(default=None, metadata=_m("cluster name", pattern=NAME,
+                                                          pattern_help="letters, digits, _ . -"))
+    contact: Optional[str] = field(default=None, metadata=_m(
+        "who users talk to about locked keys, e.g. hpc-support@example.org"))
+    python: Optional[str] = field(default=None, metadata=_m(
+        "interpreter that runs `hpcsuite train` on compute nodes "
+        "(default: the one running hpcsuite at submit time)"))
+    modules: list[str] = field(default_factory=list, metadata=_m(
+        "environment modules loaded before training", pattern=MODULE,
+        pattern_help="a module name like openmpi/4.1.4"))
+    setup: list[str] = field(default_factory=list, metadata=_m(
+        "shell lines run before training (trusted: written by the site)"))
+    partitions: dict[str, Partition] = field(default_factory=dict)
+    mpi: Mpi = field(default_factory=Mpi)
 
     def interpreter(self) -> str:
         return self.python or sys.executable
-
-
-def load_profile(path: str | None) -> SiteProfile:
-    if not path:
-        return SiteProfile()
-    return build(SiteProfile, read_yaml(path), path)

@@ -55,8 +55,11 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def build(cls: type, data: Any, source: str, path: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data`` (a mapping), validating every value."""
+def build(cls: type, data: Any, source: str, path: str = "", partial: bool = False) -> Any:
+    """Build dataclass ``cls`` from ``data`` (a mapping), validating every value.
+
+    With ``partial``, ``data`` may be any subset of the keys (one layer of a configuration):
+    every value is checked, nothing is required, and the checked mapping is returned."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -72,20 +75,23 @@ def build(cls: type, data: Any, source: str, path: str = "") -> Any:
     for name, f in fields.items():
         key_path = _join(path, name)
         if name in data:
-            values[name] = convert(hints[name], data[name], source, key_path, f.metadata)
+            values[name] = convert(hints[name], data[name], source, key_path, f.metadata, partial)
+        elif partial:
+            continue
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(source, key_path, "required key is missing")
-    return cls(**values)
+    return values if partial else cls(**values)
 
 
-def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None) -> Any:
+def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
+            partial: bool = False) -> Any:
     meta = meta or {}
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return convert(inner[0], value, source, path, meta)
+        return convert(inner[0], value, source, path, meta, partial)
     if origin is Literal:
         if value not in args:
             choices = ", ".join(str(a) for a in args)
@@ -93,13 +99,17 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None) -> An
             raise ConfigError(source, path, f"{value!r} is not one of: {choices}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, source, path)
+        return build(tp, value, source, path, partial)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(source, path, f"expected a mapping, got {_kind(value)}")
         kt, vt = args
-        return {convert(kt, k, source, f"{path}.{k}"): convert(vt, v, source, f"{path}.{k}")
-                for k, v in value.items()}
+        key_pattern = meta.get("key_pattern")
+        for k in value:
+            if key_pattern and not (isinstance(k, str) and re.fullmatch(key_pattern, k)):
+                raise ConfigError(source, f"{path}.{k}", meta.get("key_help", "not a valid key"))
+        return {convert(kt, k, source, f"{path}.{k}"):
+                convert(vt, v, source, f"{path}.{k}", None, partial) for k, v in value.items()}
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
@@ -139,6 +149,20 @@ def _range(value: float, source: str, path: str, meta: dict) -> None:
         raise ConfigError(source, path, f"{value} is below the minimum {lo}")
     if hi is not None and value > hi:
         raise ConfigError(source, path, f"{value} is above the maximum {hi}")
+
+
+def key_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key a dataclass tree accepts (for locks and --set)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if get_origin(tp) in (typing.Union, types.UnionType):
+            tp = [a for a in get_args(tp) if a is not type(None)][0]
+        out.append(_join(prefix, f.name))
+        if dataclasses.is_dataclass(tp):
+            out += key_paths(tp, _join(prefix, f.name))
+    return out
 
 
 def to_dict(obj: Any) -> Any:

@@ -17,9 +17,9 @@ def check_line_safe(value: str, what: str = "value") -> str:
 
 
 def quote(value: object) -> str:
-    """Quote one value for the shell; Raw passes through. Refuses newline and NUL."""
+    """Quote one value for the shell; Raw passes through. Refuses newline and NUL in both."""
     if isinstance(value, Raw):
-        return str(value)
+        return check_line_safe(str(value), "shell fragment")
     if isinstance(value, bool):
         value = "1" if value else "0"
     text = check_line_safe(str(value))

@@ -70,7 +70,9 @@ class JobSpec:
     output_dir: str = field(default="runs", metadata=_m("where run directories go, relative to "
                                                         "the submit directory"))
     resources: Resources = field(default_factory=Resources)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict, metadata=_m(
+        "environment for every rank", key_pattern=ENV_NAME,
+        key_help="not a valid environment variable name"))
     train: Train = field(default_factory=Train)
 
     @property
@@ -93,11 +95,4 @@ def load_spec(path: str) -> JobSpec:
 
 
 def spec_from_dict(data: dict, source: str) -> JobSpec:
-    from .errors import ConfigError
-    import re
-
-    spec = build(JobSpec, data, source)
-    for key in spec.env:
-        if not re.fullmatch(ENV_NAME, key):
-            raise ConfigError(source, f"env.{key}", "not a valid environment variable name")
-    return spec
+    return build(JobSpec, data, source)

@@ -1,5 +1,6 @@
 """Rendering is strict and shell-safe."""
 
+import dataclasses
 import json
 import subprocess
 
@@ -33,10 +34,17 @@ def test_values_with_shell_metacharacters_stay_inert(tmp_path):
     assert json.loads((run_dir / "job.json").read_text())["env"]["EVIL"] == evil
 
 
-def test_newline_in_profile_value_is_refused():
+@pytest.mark.parametrize("field", ["env", "setup"])
+def test_newline_that_skipped_validation_is_still_refused(field):
+    """Values built in code bypass the YAML checks; rendering refuses them anyway."""
     job = spec_from_dict({"name": "x"}, "test")
+    profile = SiteProfile(python="python3")
+    if field == "env":
+        job = dataclasses.replace(job, env={"A": "a\nb"})
+    else:
+        profile = dataclasses.replace(profile, setup=["echo ok\nrm -rf /"])
     with pytest.raises(UserError, match="newline or NUL"):
-        plan(job, SiteProfile(python="python3", env={"A": "a\nb"}), SearchPath.builtin_only())
+        plan(job, profile, SearchPath.builtin_only())
 
 
 def test_undefined_variable_names_template_file_and_line(tmp_path):

@@ -54,4 +54,17 @@ def emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-from . import commands, cluster_cmd  # noqa: E402,F401  (registers the commands)
+profile_option = click.option(
+    "--profile", "profile_path", envvar="HPCSUITE_PROFILE", type=click.Path(dir_okay=False),
+    help="Site profile YAML, used instead of $HPCSUITE_SITE_DIR/profile.yaml or "
+         "/etc/hpcsuite/profile.yaml (env: HPCSUITE_PROFILE).")
+template_dir_option = click.option(
+    "--template-dir", type=click.Path(file_okay=False),
+    help="Directory searched first for templates.")
+set_option = click.option(
+    "--set", "sets", multiple=True, metavar="KEY=VALUE",
+    help="Override one job key, e.g. --set resources.nodes=2 --set env.NCCL_DEBUG=INFO "
+         "(the last and strongest layer).")
+
+
+from . import commands, cluster_cmd, config_cmd  # noqa: E402,F401  (registers the commands)

@@ -8,35 +8,28 @@ from pathlib import Path
 
 import click
 
-from . import emit_json, main
+from . import emit_json, main, profile_option, set_option, template_dir_option
 from ..errors import JobFailed, UserError
 
 spec_argument = click.argument("spec", type=click.Path(dir_okay=False))
-profile_option = click.option(
-    "--profile", "profile_path", envvar="HPCSUITE_PROFILE", type=click.Path(dir_okay=False),
-    help="Site profile YAML (env: HPCSUITE_PROFILE).")
-template_dir_option = click.option(
-    "--template-dir", type=click.Path(file_okay=False),
-    help="Directory searched first for templates.")
-
-
-def _plan(spec: str, profile_path: str | None, template_dir: str | None):
+def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()):
+    from ..config import resolve
     from ..plan import plan
-    from ..profile import load_profile
-    from ..spec import load_spec
     from ..templating import SearchPath
 
-    return plan(load_spec(spec), load_profile(profile_path), SearchPath.default(template_dir))
+    r = resolve(spec, profile_path, sets)
+    return plan(r.job, r.profile, SearchPath.default(template_dir))
 
 
 @main.command()
 @spec_argument
 @profile_option
 @template_dir_option
+@set_option
 @click.option("--json", "as_json", is_flag=True, help="Print script and sbatch command as JSON.")
-def render(spec, profile_path, template_dir, as_json):
+def render(spec, profile_path, template_dir, sets, as_json):
     """Print the sbatch script SPEC renders to (nothing is submitted)."""
-    request = _plan(spec, profile_path, template_dir)
+    request = _plan(spec, profile_path, template_dir, sets)
     if as_json:
         emit_json(request.to_json())
     else:
@@ -47,15 +40,16 @@ def render(spec, profile_path, template_dir, as_json):
 @spec_argument
 @profile_option
 @template_dir_option
+@set_option
 @click.option("--dry-run", is_flag=True, help="Print the script and sbatch command; submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow the job to its end; exit 1 if it failed.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def submit(spec, profile_path, template_dir, dry_run, wait, timeout, as_json):
+def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, as_json):
     """Submit SPEC to Slurm with sbatch and print the job id."""
     from ..plan import submit as do_submit
 
-    request = _plan(spec, profile_path, template_dir)
+    request = _plan(spec, profile_path, template_dir, sets)
     if dry_run:
         if as_json:
             emit_json(request.to_json())

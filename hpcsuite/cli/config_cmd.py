@@ -1,0 +1,57 @@
+"""`hpcsuite config`: the merged configuration and where each value came from."""
+
+from __future__ import annotations
+
+import click
+
+from . import emit_json, main, profile_option, set_option
+
+
+@main.group()
+def config():
+    """Inspect layered configuration.
+
+    Layers, lowest first: built-in, site ($HPCSUITE_SITE_DIR/profile.yaml, else
+    /etc/hpcsuite/profile.yaml, or --profile), user (~/.config/hpcsuite/profile.yaml),
+    project (./.hpcsuite/profile.yaml), the job spec, and --set.
+    """
+
+
+@config.command()
+@click.argument("spec", required=False, type=click.Path(dir_okay=False))
+@profile_option
+@set_option
+@click.option("--origin", is_flag=True, help="Show which layer set each value.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show(spec, profile_path, sets, origin, as_json):
+    """Print the merged configuration (of SPEC, if given)."""
+    from ..config import merged_view, resolve
+
+    if spec:
+        resolve(spec, profile_path, sets)  # a complete job must validate
+    view, origins = merged_view(spec, profile_path, sets)
+    if as_json:
+        emit_json({"config": view, "origins": origins} if origin else view)
+        return
+    if origin:
+        width = max(len(k) for k in origins)
+        for key in sorted(origins):
+            value = _lookup(view, key)
+            click.echo(f"{key:{width}}  {_fmt(value):30}  # {origins[key]}")
+        return
+    import yaml
+
+    click.echo(yaml.safe_dump(view, sort_keys=False, default_flow_style=False), nl=False)
+
+
+def _lookup(view: dict, key: str):
+    node = view
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _fmt(value) -> str:
+    import json
+
+    return json.dumps(value)

@@ -1,0 +1,241 @@
+"""Layered configuration: built-in < site < user < project < job spec < --set.
+
+Site, user and project layers are profile files (YAML) that hold site-profile keys
+(:class:`~hpcsuite.profile.SiteProfile`), ``env`` (environment for every rank: a shorthand for
+``defaults.env``), ``defaults`` (any job-spec keys) and, in the site layer only, ``locked``: job
+keys no later layer may change. Every layer is validated on its own, so an error names the
+file that holds the bad key; then layers are merged key by key, remembering which layer set
+each value (``hpcsuite config show --origin``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from .errors import ConfigError, UserError, close_match
+from .profile import SiteProfile
+from .schema import build, convert, key_paths, read_yaml, to_dict
+from .spec import JobSpec, spec_from_dict
+
+PROFILE_FILE = "profile.yaml"
+LAYER_EXTRAS = ("defaults", "env", "locked")
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str                 # builtin, site, user, project, spec, set
+    source: str               # the file (or "--set")
+    job: dict                 # validated partial job spec
+    profile: dict             # validated partial site profile
+    locked: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name == "builtin" else f"{self.name} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    job: JobSpec
+    profile: SiteProfile
+    origins: dict[str, str]   # dotted key -> layer label ("job.resources.nodes": "spec (x.yaml)")
+    layers: tuple[Layer, ...]
+
+
+# ---------------------------------------------------------------------- layer files
+
+def site_dir() -> Path:
+    return Path(os.environ.get("HPCSUITE_SITE_DIR") or "/etc/hpcsuite")
+
+
+def user_dir() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpcsuite"
+
+
+def project_dir(cwd: Path | None = None) -> Path:
+    return (cwd or Path.cwd()) / ".hpcsuite"
+
+
+def builtin_layer() -> Layer:
+    return Layer("builtin", "hpcsuite", _defaults(JobSpec), _defaults(SiteProfile))
+
+
+def _defaults(cls) -> dict:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default_factory())
+    return out
+
+
+def load_profile_layer(name: str, path: str) -> Layer:
+    data = read_yaml(path)
+    valid = [f.name for f in dataclasses.fields(SiteProfile)] + list(LAYER_EXTRAS)
+    for key in data:
+        if key not in valid:
+            raise ConfigError(path, str(key), f"unknown key{close_match(str(key), valid)}; "
+                                              f"valid keys: {', '.join(sorted(valid))}")
+    extras = {k: data.pop(k) for k in LAYER_EXTRAS if k in data}
+    profile = build(SiteProfile, data, path, partial=True)
+    job = build(JobSpec, extras.get("defaults") or {}, path, "defaults", partial=True)
+    if "env" in extras:
+        env_field = next(f for f in dataclasses.fields(JobSpec) if f.name == "env")
+        env = convert(dict[str, str], extras["env"], path, "env", env_field.metadata)
+        job["env"] = {**job.get("env", {}), **env}
+    locked: tuple[str, ...] = ()
+    if "locked" in extras:
+        if name != "site":
+            raise ConfigError(path, "locked", "only the site profile can lock keys")
+        locked = tuple(convert(list[str], extras["locked"], path, "locked"))
+        for i, key in enumerate(locked):
+            check_job_key(key, path, f"locked[{i}]")
+    return Layer(name, path, job, profile, locked)
+
+
+def check_job_key(key: str, source: str, where: str) -> None:
+    valid = key_paths(JobSpec)
+    if key in valid or (key.startswith("env.") and key[4:].isidentifier()):
+        return
+    raise ConfigError(source, where, f"{key!r} is not a job key{close_match(key, valid)}")
+
+
+def set_layer(assignments: Iterable[str]) -> Layer:
+    """``--set resources.nodes=2 --set env.NCCL_DEBUG=INFO`` as the last layer."""
+    data: dict = {}
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set: expected KEY=VALUE, got {item!r}")
+        check_job_key(key, "--set", key)
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, (dict, list)):
+            raise ConfigError("--set", key, "a single value is expected, not a mapping or list")
+        if key.startswith("env.") or value is None:
+            value = text
+        _put(data, key, value)
+    return Layer("set", "--set", build(JobSpec, data, "--set", partial=True), {})
+
+
+def discover(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),
+             cwd: Path | None = None, ambient: bool = True) -> list[Layer]:
+    """The layers in force, lowest first. ``profile_path`` replaces the site profile file;
+    ``ambient=False`` ignores the site, user and project files found on this machine."""
+    layers = [builtin_layer()]
+    site = Path(profile_path) if profile_path else site_dir() / PROFILE_FILE
+    if profile_path or (ambient and site.is_file()):
+        layers.append(load_profile_layer("site", str(site)))
+    for name, d in (("user", user_dir()), ("project", project_dir(cwd))):
+        if ambient and (d / PROFILE_FILE).is_file():
+            layers.append(load_profile_layer(name, str(d / PROFILE_FILE)))
+    if spec_path:
+        layers.append(Layer("spec", spec_path, build(JobSpec, read_yaml(spec_path), spec_path,
+                                                     partial=True), {}))
+    sets = list(sets)
+    if sets:
+        layers.append(set_layer(sets))
+    return layers
+
+
+# ---------------------------------------------------------------------- merging
+
+def merge(layers: list[Layer]) -> tuple[dict, dict, dict[str, str]]:
+    job: dict = {}
+    profile: dict = {}
+    origins: dict[str, str] = {}
+    locks: dict[str, tuple[Layer, dict]] = {}
+    for layer in layers:
+        for key, value in _leaves(layer.job):
+            for lock, (site, frozen) in locks.items():
+                if _covers(lock, key) and _get(frozen, key, _MISSING) != value:
+                    contact = site.profile.get("contact")
+                    hint = f"talk to {contact}" if contact else "talk to your site's HPC support"
+                    raise ConfigError(layer.source, key, f"the site fixes {lock} (in {site.source}); "
+                                                         f"{hint} to change it")
+        _deep_merge(job, layer.job, origins, "job", layer.label)
+        _deep_merge(profile, layer.profile, origins, "site", layer.label)
+        for lock in layer.locked:
+            locks[lock] = (layer, _snapshot(job))
+    return job, profile, origins
+
+
+def resolve(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),
+            cwd: Path | None = None, ambient: bool = True) -> Resolved:
+    layers = discover(spec_path, profile_path, sets, cwd, ambient)
+    job, profile, origins = merge(layers)
+    built = spec_from_dict(job, spec_path or "(no spec)")
+    site = build(SiteProfile, profile, next((l.source for l in layers if l.name == "site"), "site"))
+    return Resolved(built, site, origins, tuple(layers))
+
+
+def merged_view(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),
+                cwd: Path | None = None) -> tuple[dict, dict[str, str]]:
+    """Merged configuration without requiring a complete job (for `config show`)."""
+    job, profile, origins = merge(discover(spec_path, profile_path, sets, cwd))
+    return {"job": job, "site": profile}, origins
+
+
+_MISSING = object()
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, path)
+        else:
+            yield path, value
+
+
+def _covers(lock: str, key: str) -> bool:
+    return key == lock or key.startswith(lock + ".")
+
+
+def _get(tree: dict, key: str, default: Any) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _put(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+def _snapshot(tree: dict) -> dict:
+    return {k: _snapshot(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+def _deep_merge(into: dict, new: dict, origins: dict[str, str], prefix: str, label: str) -> None:
+    for key, value in new.items():
+        path = f"{prefix}.{key}"
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            if value:
+                origins.pop(path, None)   # the container's own origin gives way to its keys
+                _deep_merge(into[key], value, origins, path, label)
+            elif not into[key]:
+                origins[path] = label
+        else:
+            into[key] = _snapshot(value) if isinstance(value, dict) else value
+            for stale in [k for k in origins if k.startswith(path + ".")]:
+                del origins[stale]
+            if isinstance(value, dict) and value:
+                for leaf, _ in _leaves(value, path):
+                    origins[leaf] = label
+            else:
+                origins[path] = label
