@@ -27,3 +27,10 @@ def expected_scripts(sbatch_dir: Path) -> dict[Path, str]:
         r = resolve(str(spec), str(sbatch_dir / PROFILE), ambient=False)
         out[spec.with_suffix(".sbatch")] = plan(r.job, r.profile, SearchPath.builtin_only()).script
     return out
+
+
+def examples_dir() -> Path:
+    """The example specs as installed (sbatch/ in the source tree, hpcsuite.examples in a wheel)."""
+    from importlib import resources
+
+    return Path(str(resources.files("hpcsuite.examples")))

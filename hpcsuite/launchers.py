@@ -36,13 +36,11 @@ class MpirunLauncher(Launcher):
 
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
+        # No core binding: each rank manages its own threads (as Horovod's runner does).
         argv: list[object] = ["mpirun", "-np", ctx.job.world_size,
-                              "--map-by", f"ppr:{r.tasks_per_node}:node",
-                              # Horovod's own runner uses these: no core binding (each rank
-                              # manages its threads), and ob1 with no openib, which on IB
-                              # nodes prints warnings and can hang with fork().
-                              "--bind-to", "none",
-                              "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+                              "--map-by", f"ppr:{r.tasks_per_node}:node", "--bind-to", "none"]
+        for key, value in ctx.mpi.mca.items():
+            argv += ["--mca", key, value]
         for name in ctx.env_names:
             argv += ["-x", name]
         return argv + list(ctx.mpi.mpirun_args) + list(ctx.command)

@@ -63,6 +63,8 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath) -> BatchRequest:
         "template_name": job.template,
         "digest": job.digest(),
         "paths": {"run_root": run_root, "log": f"{run_root}/slurm-%j.out"},
+        "module_init": Raw(profile.module_init) if profile.module_init else None,
+        "module_paths": list(profile.module_paths),
         "modules": list(profile.modules),
         "setup": [Raw(line) for line in profile.setup],
         "environment": environment,

@@ -35,6 +35,12 @@ class Mpi:
                                                         pattern_help="supported: openmpi"))
     srun_mpi: str = field(default="pmix", metadata=_m(
         "srun --mpi plugin", pattern=r"pmix(_v\d)?|pmi2|none", pattern_help="pmix, pmix_vN, pmi2 or none"))
+    # Horovod's runner uses these with OpenMPI: ob1 over TCP/shared memory and no openib BTL,
+    # which warns and can hang with fork(). InfiniBand sites usually set pml: ucx.
+    mca: dict[str, str] = field(default_factory=lambda: {"pml": "ob1", "btl": "^openib"},
+                                metadata=_m("OpenMPI MCA parameters for mpirun (--mca KEY VALUE)",
+                                            key_pattern=r"[a-z][a-z0-9_]*",
+                                            key_help="not an MCA parameter name"))
     mpirun_args: list[str] = field(default_factory=list, metadata=_m("extra mpirun arguments"))
     srun_args: list[str] = field(default_factory=list, metadata=_m("extra srun arguments"))
 
@@ -48,6 +54,11 @@ class SiteProfile:
     python: Optional[str] = field(default=None, metadata=_m(
         "interpreter that runs `hpcsuite train` on compute nodes "
         "(default: the one running hpcsuite at submit time)"))
+    module_init: Optional[str] = field(default=None, metadata=_m(
+        "shell line that makes `module` available in batch jobs, e.g. "
+        "source /usr/share/modules/init/bash (trusted: written by the site)"))
+    module_paths: list[str] = field(default_factory=list, metadata=_m(
+        "directories of modulefiles (module use DIR)"))
     modules: list[str] = field(default_factory=list, metadata=_m(
         "environment modules loaded before training", pattern=MODULE,
         pattern_help="a module name like openmpi/4.1.4"))

@@ -5,6 +5,10 @@ Templates resolve through one ordered list of directories, highest precedence fi
 (``~/.config/hpcsuite/templates``), the site (``$HPCSUITE_SITE_DIR/templates``, else
 ``/etc/hpcsuite/templates``), and the built-in ``templates/`` shipped with hpcsuite.
 
+A template may extend the one it overrides by naming its layer: a site's ``horovod.sbatch.j2``
+starts with ``{% extends "builtin/horovod.sbatch.j2" %}`` and overrides only the blocks it
+needs (``sbatch``, ``modules``, ``setup``, ``environment``, ``launch``).
+
 Every ``{{ expression }}`` is shell-quoted on output (Jinja's ``finalize`` hook), the way
 HTML templates autoescape: a template author cannot forget to quote, and a value cannot
 inject shell. Code that builds trusted fragments (an argv already joined) marks them Raw.
@@ -60,6 +64,15 @@ class SearchPath:
             found.update(p.name[: -len(SUFFIX)] for p in d.glob(f"*{SUFFIX}"))
         return sorted(found)
 
+    def candidates(self, name: str) -> list[tuple[str, Path]]:
+        """Every (layer, file) that provides ``name``, winner first."""
+        return [(layer, d / f"{name}{SUFFIX}") for layer, d in self.dirs
+                if (d / f"{name}{SUFFIX}").is_file()]
+
+    def describe(self) -> str:
+        return "\n".join(f"{i}. {layer:8} {d}{'' if d.is_dir() else '  (absent)'}"
+                         for i, (layer, d) in enumerate(self.dirs, 1))
+
     def which(self, name: str) -> Path:
         for d in self.existing():
             path = d / f"{name}{SUFFIX}"
@@ -92,9 +105,15 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
 
 
 def environment(path: SearchPath) -> jinja2.Environment:
+    by_layer = {layer: jinja2.FileSystemLoader(str(d)) for layer, d in path.dirs if d.is_dir()}
     env = jinja2.Environment(
         bytecode_cache=_bytecode_cache(),
-        loader=jinja2.FileSystemLoader([str(d) for d in path.existing()]),
+        # Plain names resolve through the search path; "LAYER/name" reaches one layer, so a
+        # template can extend the very template it overrides.
+        loader=jinja2.ChoiceLoader([
+            jinja2.FileSystemLoader([str(d) for d in path.existing()]),
+            jinja2.PrefixLoader(by_layer),
+        ]),
         undefined=jinja2.StrictUndefined,
         finalize=_finalize,
         keep_trailing_newline=True,
@@ -119,6 +138,24 @@ def render(path: SearchPath, name: str, context: dict) -> str:
         raise UserError(f"{_where(e, template_file)}: undefined variable: {e.message}") from None
     except jinja2.TemplateError as e:
         raise UserError(f"{_where(e, template_file)}: template error: {e}") from None
+    except RecursionError:
+        raise UserError(f"{template_file}: the template extends itself; to extend the built-in "
+                        f'one write {{% extends "builtin/{template_file.name}" %}}') from None
+
+
+def eject(path: SearchPath, name: str, to_dir: Path, force: bool = False) -> Path:
+    """Copy the built-in template ``name`` into ``to_dir`` as a starting point."""
+    source = builtin_dir() / f"{name}{SUFFIX}"
+    if not source.is_file():
+        names = SearchPath.builtin_only().names()
+        raise UserError(f"no built-in template {name!r}{close_match(name, names)}; "
+                        f"built-in templates: {', '.join(names)}")
+    target = Path(to_dir) / source.name
+    if target.exists() and not force:
+        raise UserError(f"{target} already exists; use --force to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source.read_text())
+    return target
 
 
 def _where(exc: BaseException, fallback: Path) -> str:

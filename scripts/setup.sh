@@ -25,7 +25,7 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- Debian packages
-APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm munge cmake build-essential)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm munge cmake build-essential environment-modules)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -67,4 +67,4 @@ set_option = click.option(
          "(the last and strongest layer).")
 
 
-from . import commands, cluster_cmd, config_cmd  # noqa: E402,F401  (registers the commands)
+from . import commands, cluster_cmd, config_cmd, templates_cmd  # noqa: E402,F401  (registers the commands)

@@ -1,0 +1,104 @@
+"""Checks of a resolved job against the site before anything is submitted.
+
+``hpcsuite lint`` prints them; ``render`` and ``submit`` run them too: errors stop them,
+warnings are printed. Every finding names the job key it is about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError, close_match
+from .profile import SiteProfile
+from .spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str      # "error" or "warning"
+    key: str        # dotted job key
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.key}: {self.message}"
+
+
+def walltime_seconds(text: str) -> int:
+    """Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]."""
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in text.split(":")]
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def lint(job: JobSpec, profile: SiteProfile) -> list[Finding]:
+    out: list[Finding] = []
+    r = job.resources
+    if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
+        out.append(Finding("warning", "resources.tasks_per_node",
+                           f"{r.tasks_per_node} ranks per node but {r.gpus_per_node} GPUs per node; "
+                           "Horovod expects one rank per GPU"))
+    if profile.partitions:
+        part = profile.partitions.get(r.partition or "")
+        if r.partition is None:
+            out.append(Finding("warning", "resources.partition",
+                               "no partition set; Slurm uses its default partition"))
+        elif part is None:
+            out.append(Finding("error", "resources.partition",
+                               f"unknown partition {r.partition!r}{close_match(r.partition, profile.partitions)}; "
+                               f"partitions: {', '.join(sorted(profile.partitions))}"))
+        if part is not None:
+            cpus = r.tasks_per_node * r.cpus_per_task
+            if part.cpus_per_node is not None and cpus > part.cpus_per_node:
+                out.append(Finding("error", "resources.tasks_per_node",
+                                   f"{r.tasks_per_node} ranks x {r.cpus_per_task} CPUs = {cpus} CPUs per "
+                                   f"node, but partition {r.partition!r} has {part.cpus_per_node}"))
+            if r.gpus_per_node > part.gpus_per_node:
+                out.append(Finding("error", "resources.gpus_per_node",
+                                   f"{r.gpus_per_node} GPUs per node, but partition {r.partition!r} "
+                                   f"has {part.gpus_per_node}"))
+            if part.max_time and walltime_seconds(r.time) > walltime_seconds(part.max_time):
+                out.append(Finding("error", "resources.time",
+                                   f"{r.time} is longer than partition {r.partition!r} allows "
+                                   f"({part.max_time})"))
+    return out
+
+
+def enforce(findings: list[Finding], source: str) -> list[Finding]:
+    """Raise on errors (all of them, one line each); return the warnings."""
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        lines = [f"{source}: {f.key}: {f.message}" for f in errors]
+        raise UserError("\n".join(lines) if len(lines) > 1 else lines[0])
+    return [f for f in findings if f.level == "warning"]
+
+
+def validate_templates(path, names: list[str], specs: list[Path], profile_path: str | None) -> list[str]:
+    """Render every template in ``names`` against every example spec; problems as strings."""
+    from .config import resolve
+    from .plan import plan
+
+    problems = []
+    for spec in specs:
+        resolved = resolve(str(spec), profile_path, ambient=False)
+        for name in names:
+            job = dataclasses.replace(resolved.job, template=name)
+            try:
+                plan(job, resolved.profile, path)
+            except UserError as e:
+                problems.append(f"{e} (rendering {spec.name})")
+    return problems
