@@ -10,6 +10,10 @@ class Raw(str):
     """A shell fragment written by hpcsuite itself (never from user input), emitted verbatim."""
 
 
+class Rendered(str):
+    """Output of a template block (``{{ super() }}``), already rendered under these rules."""
+
+
 def check_line_safe(value: str, what: str = "value") -> str:
     if "\n" in value or "\r" in value or "\0" in value:
         raise ValueError(f"{what} contains a newline or NUL: {value!r}")
@@ -18,6 +22,8 @@ def check_line_safe(value: str, what: str = "value") -> str:
 
 def quote(value: object) -> str:
     """Quote one value for the shell; Raw passes through. Refuses newline and NUL in both."""
+    if isinstance(value, Rendered):
+        return str(value)
     if isinstance(value, Raw):
         return check_line_safe(str(value), "shell fragment")
     if isinstance(value, bool):

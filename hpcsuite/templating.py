@@ -22,9 +22,10 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+import jinja2.runtime
 
 from .errors import UserError, close_match
-from .shell import Raw, quote
+from .shell import Raw, Rendered, quote
 
 SUFFIX = ".sbatch.j2"
 
@@ -84,6 +85,27 @@ class SearchPath:
                         f"{', '.join(str(d) for _, d in self.dirs)})")
 
 
+class _Block:
+    """``super()`` in a template: the parent block's text, which must not be quoted again."""
+
+    def __init__(self, ref: jinja2.runtime.BlockReference):
+        self._ref = ref
+
+    def __call__(self) -> Rendered:
+        return Rendered(self._ref())
+
+    @property
+    def super(self):
+        parent = self._ref.super
+        return _Block(parent) if isinstance(parent, jinja2.runtime.BlockReference) else parent
+
+
+class _ShellContext(jinja2.runtime.Context):
+    def super(self, name, current):
+        ref = super().super(name, current)
+        return _Block(ref) if isinstance(ref, jinja2.runtime.BlockReference) else ref
+
+
 def _finalize(value: object) -> str:
     if value is None:
         return ""
@@ -121,6 +143,7 @@ def environment(path: SearchPath) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    env.context_class = _ShellContext
     env.filters["raw_env_name"] = lambda s: Raw(s) if s.isidentifier() else quote(s)
     return env
 

@@ -107,3 +107,16 @@ def test_help_explains_every_command():
     for cmd in ("render", "submit", "status", "logs", "cancel", "train", "cluster"):
         result = invoke(cmd, "--help")
         assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_completion_scripts_and_template_name_completion(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = invoke("completion", "bash").output
+    assert "_HPCSUITE_COMPLETE" in script and "complete " in script
+    env = dict(os.environ, _HPCSUITE_COMPLETE="bash_complete", COMP_WORDS="hpcsuite templates which ho",
+               COMP_CWORD="3")
+    out = subprocess.run([sys.executable, "-m", "hpcsuite"], env=env, capture_output=True, text=True)
+    assert "plain,horovod" in out.stdout

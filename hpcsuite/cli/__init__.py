@@ -68,3 +68,19 @@ set_option = click.option(
 
 
 from . import commands, cluster_cmd, config_cmd, templates_cmd  # noqa: E402,F401  (registers the commands)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell):
+    """Print the shell completion script for SHELL.
+
+    \b
+    bash: eval "$(hpcsuite completion bash)"   (add it to ~/.bashrc)
+    zsh:  eval "$(hpcsuite completion zsh)"    (add it to ~/.zshrc)
+    fish: hpcsuite completion fish > ~/.config/fish/completions/hpcsuite.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    click.echo(cls(main, {}, "hpcsuite", "_HPCSUITE_COMPLETE").source())

@@ -10,6 +10,16 @@ from . import main, profile_option, set_option, template_dir_option
 from ..errors import UserError
 
 
+def _complete_names(ctx, param, incomplete):
+    from ..templating import SearchPath
+
+    return [n for n in SearchPath.default(ctx.params.get("template_dir")).names()
+            if n.startswith(incomplete)]
+
+
+name_argument = click.argument("name", shell_complete=_complete_names)
+
+
 def _path(template_dir):
     from ..templating import SearchPath
 
@@ -41,7 +51,7 @@ def list_(template_dir):
 
 
 @templates.command()
-@click.argument("name")
+@name_argument
 @template_dir_option
 def which(name, template_dir):
     """Print the file that template NAME resolves to."""
@@ -49,7 +59,7 @@ def which(name, template_dir):
 
 
 @templates.command()
-@click.argument("name")
+@name_argument
 @template_dir_option
 def show(name, template_dir):
     """Print the source of template NAME as resolved."""
@@ -57,7 +67,7 @@ def show(name, template_dir):
 
 
 @templates.command()
-@click.argument("name")
+@name_argument
 @click.option("--to", "to_dir", type=click.Path(file_okay=False),
               help="Directory to copy into (default: ./.hpcsuite/templates).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")

@@ -1,0 +1,83 @@
+"""End to end, as a sysadmin: eject the built-in template into a site directory, add a module
+load and an environment variable, lock the partition; users render with the site's lines,
+cannot change the partition, and their job still runs on the local Slurm cluster."""
+
+import json
+import os
+
+import pytest
+
+from conftest import SBATCH, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+SITE_LINES = """set -euo pipefail
+# --- site additions ---
+source /usr/share/modules/init/bash
+module use {modulefiles}
+module load site-tools
+export SITE_MARKER=from-site-template
+echo "site check: module=$HPCSUITE_SITE_MODULE marker=$SITE_MARKER"
+"""
+
+
+@pytest.fixture
+def site(tmp_path, local_cluster):
+    cluster, env = local_cluster
+    site = tmp_path / "site"
+    modulefiles = tmp_path / "modulefiles"
+    modulefiles.mkdir()
+    (modulefiles / "site-tools").write_text("#%Module1.0\nsetenv HPCSUITE_SITE_MODULE loaded\n")
+    env = dict(env, HPCSUITE_SITE_DIR=str(site), XDG_CONFIG_HOME=str(tmp_path / "xdg"))
+    env.pop("HPCSUITE_PROFILE", None)
+
+    ejected = run_cli("templates", "eject", "horovod", "--to", str(site / "templates"), env=env,
+                      check=True)
+    template = site / "templates" / "horovod.sbatch.j2"
+    assert ejected.stdout.strip() == f"wrote {template}"
+    text = template.read_text()
+    assert text.count("set -euo pipefail\n") == 1
+    template.write_text(text.replace("set -euo pipefail\n", SITE_LINES.format(modulefiles=modulefiles)))
+    (site / "profile.yaml").write_text(
+        "name: localsite\ncontact: hpc-admins@localsite.example\n"
+        "partitions: {debug: {cpus_per_node: 1, max_time: '01:00:00'}}\n"
+        "defaults: {resources: {partition: debug}}\n"
+        "locked: [resources.partition]\n")
+    work = tmp_path / "user"
+    work.mkdir()
+    spec = work / "job.yaml"
+    spec.write_text("name: sitejob\nresources: {nodes: 2, tasks_per_node: 1}\n"
+                    "train: {data: {samples: 1024}, epochs: 1}\n")
+    return env, site, spec, work
+
+
+def test_site_template_and_lock(site):
+    env, site_dir, spec, work = site
+    # The user sees which template wins and the script carries the site's lines.
+    which = run_cli("templates", "which", "horovod", env=env, check=True, cwd=work)
+    assert which.stdout.strip() == str(site_dir / "templates" / "horovod.sbatch.j2")
+    script = run_cli("render", str(spec), env=env, check=True, cwd=work).stdout
+    assert "module load site-tools" in script and "export SITE_MARKER=from-site-template" in script
+    assert "#SBATCH --partition=debug" in script
+    assert run_cli("templates", "validate", env=env, cwd=work).returncode == 0
+
+    # Changing the partition is refused, from the spec or from --set, with a one-line error.
+    refused = run_cli("render", str(spec), "--set", "resources.partition=gpu", env=env, cwd=work)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"error: --set: resources.partition: the site fixes resources.partition "
+        f"(in {site_dir / 'profile.yaml'}); talk to hpc-admins@localsite.example to change it")
+    bad_spec = work / "bad.yaml"
+    bad_spec.write_text(spec.read_text().replace("{nodes: 2", "{partition: long, nodes: 2"))
+    refused = run_cli("submit", str(bad_spec), env=env, cwd=work)
+    assert refused.returncode == 2 and "the site fixes resources.partition" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (work / "runs").exists(), "a refused submission left files behind"
+
+    # The job still runs, with the module loaded and the variable set on the compute nodes.
+    done = run_cli("submit", str(spec), "--wait", "--json", env=env, cwd=work, timeout=500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["state"] == "COMPLETED" and payload["results"]["world_size"] == 2
+    log = (work / "runs" / "sitejob" / f"slurm-{payload['job_id']}.out").read_text()
+    assert "site check: module=loaded marker=from-site-template" in log

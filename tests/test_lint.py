@@ -1,0 +1,70 @@
+"""`hpcsuite lint` and the checks render and submit run."""
+
+import pytest
+from click.testing import CliRunner
+
+from hpcsuite.cli import main
+from hpcsuite.lint import lint, walltime_seconds
+from hpcsuite.profile import Partition, SiteProfile
+from hpcsuite.spec import spec_from_dict
+
+from conftest import SBATCH
+
+PROFILE = SiteProfile(partitions={"cpu": Partition(cpus_per_node=4, max_time="01:00:00"),
+                                  "gpu": Partition(cpus_per_node=32, gpus_per_node=4)})
+
+
+def findings(**resources):
+    job = spec_from_dict({"name": "x", "resources": resources}, "t")
+    return {(f.level, f.key): f.message for f in lint(job, PROFILE)}
+
+
+def test_clean_job_has_no_findings():
+    assert findings(partition="cpu", tasks_per_node=2, cpus_per_task=2) == {}
+
+
+def test_unknown_partition_is_an_error_with_close_match():
+    msg = findings(partition="cpus")[("error", "resources.partition")]
+    assert 'unknown partition \'cpus\' (did you mean "cpu"?)' in msg
+
+
+def test_more_cpus_than_the_partition_has():
+    msg = findings(partition="cpu", tasks_per_node=3, cpus_per_task=2)[("error", "resources.tasks_per_node")]
+    assert "3 ranks x 2 CPUs = 6 CPUs per node, but partition 'cpu' has 4" in msg
+
+
+def test_gpu_rank_mismatch_is_a_warning():
+    f = findings(partition="gpu", gpus_per_node=4, tasks_per_node=2)
+    assert ("warning", "resources.tasks_per_node") in f
+
+
+def test_too_many_gpus_and_too_long():
+    f = findings(partition="cpu", gpus_per_node=1, time="02:00:00")
+    assert ("error", "resources.gpus_per_node") in f and ("error", "resources.time") in f
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 1800), ("10:00", 600), ("01:00:00", 3600),
+                                           ("1-00", 86400), ("2-01:30:00", 178200)])
+def test_walltime_formats(text, seconds):
+    assert walltime_seconds(text) == seconds
+
+
+def test_render_stops_on_lint_error_and_prints_warnings(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\nresources: {partition: cpu, tasks_per_node: 128}\n")
+    profile = str(SBATCH / "profile.yaml")
+    result = CliRunner().invoke(main, ["render", str(spec), "--profile", profile])
+    assert result.exit_code == 2
+    assert "resources.tasks_per_node: 128 ranks x 1 CPUs = 128 CPUs per node" in result.output
+    spec.write_text("name: x\nresources: {partition: gpu, gpus_per_node: 4, tasks_per_node: 2}\n")
+    result = CliRunner().invoke(main, ["render", str(spec), "--profile", profile])
+    assert result.exit_code == 0 and "warning: resources.tasks_per_node" in result.output
+
+
+def test_lint_command(tmp_path):
+    profile = str(SBATCH / "profile.yaml")
+    ok = CliRunner().invoke(main, ["lint", str(SBATCH / "quickstart.yaml"), "--profile", profile])
+    assert ok.exit_code == 0 and ok.output.strip().endswith("quickstart.yaml: ok")
+    bad = CliRunner().invoke(main, ["lint", str(SBATCH / "quickstart.yaml"), "--profile", profile,
+                                    "--set", "resources.partition=nope"])
+    assert bad.exit_code == 2 and "unknown partition 'nope'" in bad.output
