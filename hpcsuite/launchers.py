@@ -36,9 +36,10 @@ class MpirunLauncher(Launcher):
 
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
-        # No core binding: each rank manages its own threads (as Horovod's runner does).
-        argv: list[object] = ["mpirun", "-np", ctx.job.world_size,
-                              "--map-by", f"ppr:{r.tasks_per_node}:node", "--bind-to", "none"]
+        # Horovod's runner flags: fill each node's slots in order (under Slurm, a node's slots
+        # are its tasks per node), and no core binding: each rank manages its own threads.
+        argv: list[object] = ["mpirun", "-np", ctx.job.world_size, "-npernode", r.tasks_per_node,
+                              "--map-by", "slot", "--bind-to", "none"]
         for key, value in ctx.mpi.mca.items():
             argv += ["--mca", key, value]
         for name in ctx.env_names:

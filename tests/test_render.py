@@ -77,7 +77,7 @@ def test_mpirun_launch_line():
     job = spec_from_dict({"name": "x", "resources": {"nodes": 2, "tasks_per_node": 3}}, "t")
     script = plan(job, SiteProfile(python="/opt/py env/python"), SearchPath.builtin_only()).script
     launch = [l for l in script.splitlines() if l.startswith("mpirun ")][0]
-    assert "-np 6 --map-by ppr:3:node --bind-to none" in launch
+    assert "-np 6 -npernode 3 --map-by slot --bind-to none" in launch
     assert "'/opt/py env/python' -m hpcsuite train --job \"$RUN_DIR/job.json\"" in launch
     assert "-x HOROVOD_FUSION_THRESHOLD" in launch
 
