@@ -21,10 +21,22 @@ log = logging.getLogger(__name__)
 # Horovod reads these at hvd.init(); the template exports them for every rank.
 def horovod_environment(job: JobSpec) -> dict[str, str]:
     h = job.train.horovod
-    return {
+    env = {
         "HOROVOD_FUSION_THRESHOLD": str(h.fusion_threshold_mb * 1024 * 1024),
         "HOROVOD_CYCLE_TIME": f"{h.cycle_time_ms:g}",
     }
+    if h.stall_check_seconds:
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(h.stall_check_seconds)
+    else:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    if h.stall_shutdown_seconds:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(h.stall_shutdown_seconds)
+    if h.timeline:
+        env["HOROVOD_TIMELINE"] = Raw('"$RUN_DIR/horovod-timeline.json"')
+    if h.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+        env["HOROVOD_AUTOTUNE_LOG"] = Raw('"$RUN_DIR/horovod-autotune.csv"')
+    return env
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,9 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath) -> BatchRequest:
         "environment": environment,
         "job_json": Raw(json.dumps(job.to_dict(), sort_keys=True, ensure_ascii=True)),
         "launch": launch,
+        "preemption": job.train.preemption,
+        # Catch signals in the batch shell whenever a checkpoint could be saved on them.
+        "forward_signals": job.train.checkpoint.enabled,
     }
     script = render(path, job.template, context)
     return BatchRequest(job=job, script=script, sbatch_argv=["sbatch", "--parsable"],

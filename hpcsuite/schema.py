@@ -113,7 +113,9 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
-        items = [convert(args[0], v, source, f"{path}[{i}]") for i, v in enumerate(value)]
+        # Constraints (min, pattern) on a list field apply to each item.
+        items = [convert(args[0], v, source, f"{path}[{i}]", meta, partial)
+                 for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if tp is bool:
         if not isinstance(value, bool):

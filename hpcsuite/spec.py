@@ -33,31 +33,77 @@ class Resources:
 
 @dataclass(frozen=True)
 class Data:
-    kind: Literal["synthetic"] = "synthetic"
-    samples: int = field(default=4096, metadata=_m("synthetic samples", min=1))
-    features: int = field(default=32, metadata=_m("synthetic input features", min=1))
-    classes: int = field(default=10, metadata=_m("synthetic classes", min=2))
+    kind: Literal["synthetic", "npy"] = "synthetic"
+    samples: int = field(default=4096, metadata=_m("synthetic: number of samples", min=1))
+    shape: list[int] = field(default_factory=lambda: [32], metadata=_m(
+        "synthetic: shape of one input, e.g. [32] or [3, 16, 16] (channels first)", min=1))
+    classes: int = field(default=10, metadata=_m("synthetic: number of classes", min=2))
+    path: Optional[str] = field(default=None, metadata=_m(
+        "npy: directory of inputs-*.npy / labels-*.npy shards (relative to the submit directory)"))
+    workers: int = field(default=1, metadata=_m(
+        "background loader workers per rank (torch DataLoader workers; tf.data parallelism)",
+        min=0, max=64))
+    prefetch: int = field(default=2, metadata=_m("batches prepared ahead per rank", min=1, max=64))
 
 
 @dataclass(frozen=True)
 class HorovodKnobs:
+    """Rendered as HOROVOD_* variables for every rank by the template (not set from Python)."""
     compression: Literal["none", "fp16"] = "none"
+    op: Literal["average", "adasum"] = "average"
     fusion_threshold_mb: int = field(default=64, metadata=_m(min=0, max=4096))
     cycle_time_ms: float = field(default=1.0, metadata=_m(min=0.0, max=10000.0))
+    stall_check_seconds: int = field(default=60, metadata=_m(
+        "warn when ranks wait on each other this long (0 disables the check)", min=0))
+    stall_shutdown_seconds: int = field(default=120, metadata=_m(
+        "abort the job when a stall lasts this long, e.g. after a dead rank (0: never)", min=0))
+    timeline: bool = field(default=False, metadata=_m("write a Horovod timeline to the run directory"))
+    autotune: bool = field(default=False, metadata=_m("let Horovod tune fusion and cycle time"))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    every_steps: int = field(default=0, metadata=_m("save every N optimizer steps (0: off)", min=0))
+    every_minutes: float = field(default=0.0, metadata=_m("save at least every N minutes (0: off)",
+                                                          min=0.0))
+    keep: int = field(default=2, metadata=_m("checkpoints kept", min=1))
+    dir: Optional[str] = field(default=None, metadata=_m(
+        "where checkpoints live (default: OUTPUT_DIR/NAME/checkpoints); shared by resubmissions"))
+    resume: bool = field(default=True, metadata=_m("continue from the latest good checkpoint"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_steps > 0 or self.every_minutes > 0
+
+
+@dataclass(frozen=True)
+class Preemption:
+    signal: Literal["USR1", "USR2", "TERM"] = "USR1"
+    lead_seconds: int = field(default=0, metadata=_m(
+        "ask Slurm for SIGNAL this long before the time limit (0: off)", min=0, max=65535))
+    requeue: bool = field(default=False, metadata=_m(
+        "after a preemption checkpoint, requeue the job so it resumes by itself"))
 
 
 @dataclass(frozen=True)
 class Train:
-    backend: Literal["torch"] = "torch"
+    backend: Literal["torch", "tensorflow"] = "torch"
     model: str = field(default="mlp", metadata=_m(pattern=r"[a-z][a-z0-9_]*",
                                                   pattern_help="a model name from models/"))
     data: Data = field(default_factory=Data)
     batch_size: int = field(default=64, metadata=_m("samples per rank per step", min=1))
     epochs: int = field(default=1, metadata=_m(min=1))
-    max_steps: Optional[int] = field(default=None, metadata=_m(min=1))
-    lr: float = field(default=0.05, metadata=_m(min=0.0))
-    grad_accumulation: int = field(default=1, metadata=_m(min=1))
+    max_steps: Optional[int] = field(default=None, metadata=_m(
+        "stop after this many optimizer steps in total (counting resumed ones)", min=1))
+    lr: float = field(default=0.05, metadata=_m("learning rate, used as given", min=0.0))
+    precision: Literal["fp32", "amp", "mixed_float16"] = "fp32"
+    grad_accumulation: int = field(default=1, metadata=_m(
+        "micro-batches per optimizer step", min=1, max=1024))
     horovod: HorovodKnobs = field(default_factory=HorovodKnobs)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    preemption: Preemption = field(default_factory=Preemption)
+    ledger: bool = field(default=False, metadata=_m(
+        "record every sample id each rank trains on (ledger/ in the run directory)"))
     seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
 
 

@@ -36,7 +36,8 @@ def test_bad_spec_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f'error: {bad}: train.epoch: unknown key (did you mean "epochs"?); valid keys: '
-        "backend, batch_size, data, epochs, grad_accumulation, horovod, lr, max_steps, model, seed"]
+        "backend, batch_size, checkpoint, data, epochs, grad_accumulation, horovod, ledger, lr, "
+        "max_steps, model, precision, preemption, seed"]
 
 
 def test_bad_profile_exit_2(tmp_path):

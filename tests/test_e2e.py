@@ -58,7 +58,7 @@ def test_status_and_logs_of_finished_job(local_cluster, tmp_path):
     status = run_cli("status", job_id, "--json", env=env, check=True)
     assert json.loads(status.stdout)["state"] == "COMPLETED"
     logs = run_cli("logs", job_id, env=env, check=True)
-    assert "hpcsuite train: wrote" in logs.stdout
+    assert "hpcsuite train: completed at step 2; wrote" in logs.stdout
 
 
 def test_srun_pmix_across_two_virtual_nodes(local_cluster, tmp_path):

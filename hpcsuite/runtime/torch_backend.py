@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import hashlib
-import time
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import UserError
 from ..spec import JobSpec
-from .data import open_data
-from .sharding import Cursor, Sharder
 
 
-def param_checksum(model) -> str:
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
+    """One GPU per rank, chosen by local rank; the CPU when there is no GPU."""
+    if not cuda_available or device_count == 0:
+        return "cpu"
+    return f"cuda:{local_rank % device_count}"
+
+
+def autocast_settings(precision: str, device: str) -> tuple[bool, str, object, bool]:
+    """(enabled, device_type, dtype name, use grad scaler) for torch.autocast.
+
+    ``amp`` means float16 with a gradient scaler on CUDA, bfloat16 (which needs no scaler)
+    on the CPU."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if precision != "amp":
+        return False, kind, None, False
+    return True, kind, "float16" if kind == "cuda" else "bfloat16", kind == "cuda"
 
 
 def _imports():
@@ -27,112 +33,178 @@ def _imports():
         import torch
         import horovod
         import horovod.torch as hvd
-        from mpi4py import MPI
     except ImportError as e:
-        raise UserError(f"hpcsuite train (backend torch) cannot import {e.name}: {e}; "
-                        "install torch, mpi4py and Horovod on the compute nodes "
-                        "(scripts/setup.sh) or load the site's modules in the profile's setup") from None
-    return torch, horovod, hvd, MPI
+        raise UserError(f"hpcsuite train (backend torch) cannot import {e.name}: {e}; install "
+                        "torch and Horovod on the compute nodes (scripts/setup.sh) or load the "
+                        "site's modules in the profile") from None
+    return torch, horovod, hvd
 
 
-def train(job: JobSpec, run_dir: Path) -> dict:
-    torch, horovod, hvd, MPI = _imports()
-    from hpcsuite import models
+class _Batches:
+    """torch Dataset over one epoch's micro-batches of the shared index stream."""
 
-    t = job.train
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    torch.set_num_threads(job.resources.cpus_per_task)
-    torch.manual_seed(t.seed)
+    def __init__(self, spec, seed, batches):
+        self.spec, self.seed, self.batches = spec, seed, batches
+        self._data = None
 
-    data = open_data(t.data, t.seed)
-    model = models.build(t.model, "torch", data.features, data.classes)
-    optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.9)
-    compression = hvd.Compression.fp16 if t.horovod.compression == "fp16" else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression,
-                                         backward_passes_per_step=t.grad_accumulation)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    def bind(self, data):
+        self._data = data
+        return self
 
-    sharder = Sharder(len(data), size, rank, t.batch_size, t.seed, t.grad_accumulation)
-    loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
-    step_times: list[float] = []
-    data_times: list[float] = []
-    loss_sums: list[float] = []     # this rank's weighted loss sum per optimizer step
-    real_counts: list[int] = []     # real samples per step across all ranks
-    seen = 0
-    step = 0
-    t_start = time.perf_counter()
-    for epoch in range(t.epochs):
-        cursor = Cursor(epoch, 0)
-        t0 = time.perf_counter()
-        data_time = 0.0
-        loss_sum = 0.0
-        for batch in sharder.epoch(cursor):
-            d0 = time.perf_counter()
-            x, y = data.get(batch.ids)
-            xb, yb = torch.from_numpy(x), torch.from_numpy(y)
-            w = torch.from_numpy(batch.weights)
-            data_time += time.perf_counter() - d0
-            # Scaled so that allreduce's average over ranks is the mean over the step's
-            # real samples: padding has weight 0 and never counts.
-            per_sample = loss_fn(model(xb), yb) * w
-            loss = per_sample.sum() * (size / batch.step_real)
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, i):
+        import torch
+
+        if self._data is None:               # in a DataLoader worker: open our own view
+            from .data import open_data
+            self._data = open_data(self.spec, self.seed)
+        b = self.batches[i]
+        x, y = self._data.get(b.ids)
+        return i, torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(b.weights)
+
+    def __getstate__(self):                  # workers re-open data instead of copying it
+        return {"spec": self.spec, "seed": self.seed, "batches": self.batches, "_data": None}
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, job: JobSpec):
+        self.torch, self.horovod, self.hvd = _imports()
+        self.job, self.t = job, job.train
+        self.hvd.init()
+        self.rank, self.size, self.local_rank = self.hvd.rank(), self.hvd.size(), self.hvd.local_rank()
+        torch = self.torch
+        self.device = pick_device(self.local_rank, torch.cuda.is_available(),
+                                  torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(self.device)
+        torch.set_num_threads(job.resources.cpus_per_task)
+        torch.manual_seed(self.t.seed)
+
+    def build(self, shape, classes) -> None:
+        from hpcsuite import models
+
+        torch, hvd = self.torch, self.hvd
+        self.model = models.build(self.t.model, "torch", shape, classes).to(self.device)
+        opt = torch.optim.SGD(self.model.parameters(), lr=self.t.lr, momentum=0.9)
+        h = self.t.horovod
+        self.optimizer = hvd.DistributedOptimizer(
+            opt, named_parameters=self.model.named_parameters(),
+            compression=hvd.Compression.fp16 if h.compression == "fp16" else hvd.Compression.none,
+            op=hvd.Adasum if h.op == "adasum" else hvd.Average,
+            backward_passes_per_step=self.t.grad_accumulation)
+        enabled, kind, dtype, scaler = autocast_settings(self.t.precision, self.device)
+        self.autocast = dict(device_type=kind, enabled=enabled,
+                             dtype=getattr(torch, dtype) if dtype else None)
+        self.scaler = torch.amp.GradScaler("cuda") if scaler else None
+        self.loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
+
+    # ---------------------------------------------------------------- data
+    def feed(self, data, batches):
+        torch = self.torch
+        d = self.t.data
+        dataset = _Batches(d, self.t.seed, batches)
+        if d.workers == 0:
+            dataset.bind(data)
+        cuda = self.device.startswith("cuda")
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=None, shuffle=False, num_workers=d.workers, pin_memory=cuda,
+            prefetch_factor=d.prefetch if d.workers else None,
+            # forkserver: forking a process that has initialised MPI is unsafe.
+            multiprocessing_context="forkserver" if d.workers else None,
+            persistent_workers=False)
+        for i, x, y, w in loader:
+            if cuda:
+                x, y, w = (t.to(self.device, non_blocking=True) for t in (x, y, w))
+            yield batches[i], x, y, w
+
+    # ---------------------------------------------------------------- step
+    def micro_step(self, x, y, w, scale, last):
+        torch = self.torch
+        with torch.autocast(**self.autocast):
+            per_sample = self.loss_fn(self.model(x).float(), y) * w
+        # Scaled so that Horovod's average over ranks is the mean over the step's real
+        # samples: padded slots have weight 0 and never count.
+        loss = per_sample.sum() * scale
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+        else:
             loss.backward()
-            loss_sum += float(per_sample.detach().sum())
-            seen += int(batch.weights.sum())
-            if not batch.last_in_step:
-                continue
-            optimizer.step()
-            optimizer.zero_grad()
-            step_times.append(time.perf_counter() - t0)
-            data_times.append(data_time)
-            loss_sums.append(loss_sum)
-            real_counts.append(batch.step_real)
-            step += 1
-            t0 = time.perf_counter()
-            data_time, loss_sum = 0.0, 0.0
-            if t.max_steps and step >= t.max_steps:
-                break
-        if t.max_steps and step >= t.max_steps:
-            break
-    elapsed = time.perf_counter() - t_start
+        if last:
+            if self.scaler:
+                self.optimizer.synchronize()
+                self.scaler.unscale_(self.optimizer)
+                with self.optimizer.skip_synchronize():
+                    self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad()
+        return per_sample.detach().sum()
 
-    checksum = param_checksum(model)
-    # One collective at the end instead of one per step: global loss per step from every
-    # rank's sums, so metrics cost the training loop nothing.
-    all_sums = hvd.allgather_object(loss_sums)
-    checksums = hvd.allgather_object(checksum)
-    hosts = hvd.allgather_object(_host())
-    seen_all = hvd.allgather_object(seen)
-    elapsed_max = max(hvd.allgather_object(elapsed))
-    per_rank = {"rank": rank, "host": _host(), "steps": step, "samples": seen,
-                "elapsed_s": elapsed, "step_time_s": step_times, "data_time_s": data_times,
-                "param_checksum": checksum}
-    results = None
-    if rank == 0:
-        from .train import step_stats
+    def losses_to_floats(self, losses):
+        return [float(v) for v in losses]
 
-        loss = [float(sum(col) / n) for col, n in zip(zip(*all_sums), real_counts)]
-        total = sum(seen_all)
-        results = {
-            "job": job.name, "backend": "torch", "model": t.model, "world_size": size,
-            "hosts": hosts, "steps": step, "epochs": t.epochs, "batch_size_per_rank": t.batch_size,
-            "samples": total, "elapsed_s": elapsed_max,
-            "samples_per_s": total / elapsed_max if elapsed_max else 0.0,
-            "samples_per_s_per_rank": [s / elapsed_max for s in seen_all],
-            "step_time_s": step_stats(step_times), "step_times_s": step_times,
-            "data_wait_fraction": sum(data_times) / max(sum(step_times), 1e-12),
-            "loss": loss, "param_checksums": checksums, "spec_digest": job.digest(),
-            "versions": {"torch": torch.__version__, "horovod": horovod.__version__,
-                         "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
-                         "numpy": np.__version__},
-        }
-    hvd.shutdown()
-    return {"rank": rank, "per_rank": per_rank, "results": results}
+    # ---------------------------------------------------------------- state
+    def state(self):
+        model = {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
+        sd = self.optimizer.state_dict()
+        optim = {}
+        for idx, entry in sd["state"].items():
+            for key, value in entry.items():
+                arr = value.detach().cpu().numpy() if self.torch.is_tensor(value) else np.asarray(value)
+                optim[f"state.{idx}.{key}"] = arr
+        groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+        extra = {"optimizer_param_groups": groups}
+        if self.scaler:
+            extra["grad_scaler"] = self.scaler.state_dict()
+        return {"model": model, "optimizer": optim}, extra
 
+    def load_state(self, tensors, extra):
+        torch = self.torch
+        model = {k: torch.from_numpy(np.array(v)) for k, v in tensors["model"].items()}
+        self.model.load_state_dict(model, strict=True)
+        state: dict = {}
+        for name, arr in tensors.get("optimizer", {}).items():
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = torch.from_numpy(np.array(arr)).to(self.device)
+        groups = extra.get("optimizer_param_groups") or self.optimizer.state_dict()["param_groups"]
+        for g in groups:
+            g["lr"] = self.t.lr            # the job spec's learning rate wins on resume
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        if self.scaler and "grad_scaler" in extra:
+            self.scaler.load_state_dict(extra["grad_scaler"])
 
-def _host() -> str:
-    from .train import hostname
-    return hostname()
+    def broadcast_state(self):
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+
+    def broadcast_object(self, obj):
+        return self.hvd.broadcast_object(obj, root_rank=0)
+
+    def allgather_object(self, obj):
+        return self.hvd.allgather_object(obj)
+
+    def allreduce_max(self, values):
+        t = self.torch.tensor(values, dtype=self.torch.int32)
+        return [int(v) for v in self.hvd.allreduce(t, op=self.hvd.Max, name="hpcsuite.poll")]
+
+    def checksum(self) -> str:
+        h = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def versions(self) -> dict:
+        from mpi4py import MPI
+
+        return {"torch": self.torch.__version__, "horovod": self.horovod.__version__,
+                "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
+                "numpy": np.__version__, "cuda": self.torch.version.cuda}
+
+    def shutdown(self):
+        self.hvd.shutdown()

@@ -36,28 +36,48 @@ def step_stats(times: list[float]) -> dict:
             "min": ordered[0], "max": ordered[-1]}
 
 
-def main(job_path: str) -> None:
-    job = load_job(job_path)
-    run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank? %(name)s: %(message)s")
-    from . import torch_backend
-
-    report = torch_backend.train(job, run_dir)
-    rank = report["rank"]
-    write_json_atomic(run_dir / f"rank-{rank}.json", report["per_rank"])
-    if rank == 0:
-        from .. import slurm
-
-        results = report["results"]
-        results["job_id"] = os.environ.get("SLURM_JOB_ID")
-        done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
-        results["versions"]["slurm"] = done.stdout.strip() or None
-        results["versions"]["python"] = sys.version.split()[0]
-        write_json_atomic(run_dir / "results.json", results)
-        print(f"hpcsuite train: wrote {run_dir / 'results.json'} "
-              f"({results['samples_per_s']:.1f} samples/s on {results['world_size']} ranks)",
-              flush=True)
-
-
 def hostname() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def make_backend(job: JobSpec):
+    if job.train.backend == "tensorflow":
+        from .tf_backend import TensorFlowBackend
+        return TensorFlowBackend(job)
+    from .torch_backend import TorchBackend
+    return TorchBackend(job)
+
+
+def main(job_path: str) -> None:
+    from .loop import PREEMPTED_MARKER, Trainer
+
+    job = load_job(job_path)
+    run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
+    backend = make_backend(job)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s rank {backend.rank} %(name)s: %(message)s")
+    try:
+        report = Trainer(job, run_dir, backend).run()
+    finally:
+        backend.shutdown()
+    rank = report["rank"]
+    write_json_atomic(run_dir / f"rank-{rank}.json", report["per_rank"])
+    if rank != 0:
+        return
+    from .. import slurm
+
+    results = report["results"]
+    results["job_id"] = os.environ.get("SLURM_JOB_ID")
+    results["attempt"] = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
+    results["versions"]["slurm"] = done.stdout.strip() or None
+    results["versions"]["python"] = sys.version.split()[0]
+    write_json_atomic(run_dir / "results.json", results)
+    marker = run_dir / PREEMPTED_MARKER
+    if results["status"] == "preempted":
+        marker.write_text(f"{results['final_step']}\n")
+    else:
+        marker.unlink(missing_ok=True)
+    print(f"hpcsuite train: {results['status']} at step {results['final_step']}; wrote "
+          f"{run_dir / 'results.json'} ({results['samples_per_s']:.1f} samples/s on "
+          f"{results['world_size']} ranks)", flush=True)
