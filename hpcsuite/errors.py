@@ -27,6 +27,12 @@ class JobFailed(Exception):
     exit_code = 1
 
 
+class JobPreempted(JobFailed):
+    """A job stopped early after saving a checkpoint (exit code 3): submit again to resume."""
+
+    exit_code = 3
+
+
 def close_match(word: str, options: Iterable[str]) -> str:
     """' (did you mean "x"?)' when an option is close to ``word``, else ''."""
     found = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)

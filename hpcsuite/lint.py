@@ -52,6 +52,22 @@ def lint(job: JobSpec, profile: SiteProfile) -> list[Finding]:
         out.append(Finding("warning", "resources.tasks_per_node",
                            f"{r.tasks_per_node} ranks per node but {r.gpus_per_node} GPUs per node; "
                            "Horovod expects one rank per GPU"))
+    ck, pre = job.train.checkpoint, job.train.preemption
+    if ck.enabled and not pre.lead_seconds:
+        out.append(Finding("warning", "train.preemption.lead_seconds",
+                           "checkpoints are on but Slurm sends no warning signal before the time "
+                           "limit; set it (e.g. 120) so the job saves before it is killed"))
+    if pre.requeue and not ck.enabled:
+        out.append(Finding("error", "train.preemption.requeue",
+                           "requeue without checkpoints restarts training from scratch; set "
+                           "train.checkpoint.every_steps or every_minutes"))
+    if pre.lead_seconds and pre.lead_seconds >= walltime_seconds(r.time):
+        out.append(Finding("error", "train.preemption.lead_seconds",
+                           f"{pre.lead_seconds}s is not shorter than the walltime {r.time}"))
+    if ck.every_minutes and ck.every_minutes * 60 >= walltime_seconds(r.time):
+        out.append(Finding("warning", "train.checkpoint.every_minutes",
+                           f"walltime {r.time} is shorter than one checkpoint interval "
+                           f"({ck.every_minutes:g} min): no interval checkpoint will be saved"))
     if profile.partitions:
         part = profile.partitions.get(r.partition or "")
         if r.partition is None:

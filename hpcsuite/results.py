@@ -30,14 +30,17 @@ def summarize(run_dir: str | Path) -> str:
     losses = r.get("loss", [])
     sums = r.get("param_checksums", [])
     same = "identical on all ranks" if sums and len(set(sums)) == 1 else "DIFFER across ranks"
+    resumed = f", resumed at step {r['start_step']}" if r.get("resumed_from") else ""
     lines = [
-        f"job {r.get('job_id')} ({r.get('job')}): {r['world_size']} ranks on "
+        f"job {r.get('job_id')} ({r.get('job')}): {r.get('status', 'completed')} at step "
+        f"{r.get('final_step', r['steps'])}{resumed}; {r['world_size']} ranks on "
         f"{', '.join(r.get('hosts', [])) or '?'}, backend {r.get('backend')}",
-        f"  steps {r['steps']}, samples/s {r['samples_per_s']:.1f} "
-        f"(per rank {r['samples_per_s'] / max(r['world_size'], 1):.1f}), "
-        f"step time median {r['step_time_s']['median'] * 1e3:.2f} ms",
+        f"  samples/s {r['samples_per_s']:.1f} overall, {r.get('samples_per_s_steady', 0):.1f} "
+        f"after warm-up; step time median {r['step_time_s']['median'] * 1e3:.2f} ms",
         f"  loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "  no loss recorded",
         f"  parameters: {same}",
+        *([f"  checkpoints: {len(r['checkpoints'])} saved, last {r['checkpoints'][-1]['path']}"]
+          if r.get("checkpoints") else []),
         f"  outputs: {run_dir}",
     ]
     return "\n".join(lines)

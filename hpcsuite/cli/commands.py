@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from . import emit_json, main, profile_option, set_option, template_dir_option
-from ..errors import JobFailed, UserError
+from ..errors import JobFailed, JobPreempted, UserError
 
 spec_argument = click.argument("spec", type=click.Path(dir_okay=False))
 def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()):
@@ -97,6 +97,9 @@ def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: 
     if not as_json:
         click.echo(summarize(run_dir) if results.is_file() else
                    f"job {job_id} completed; no results.json in {run_dir}")
+    if results.is_file() and json.loads(results.read_text()).get("status") == "preempted":
+        raise JobPreempted(f"job {job_id} stopped early after saving a checkpoint; "
+                           "submit the same spec again to resume")
 
 
 @main.command()

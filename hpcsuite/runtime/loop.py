@@ -96,6 +96,14 @@ def _compatible(job: JobSpec, manifest: dict, path: Path) -> None:
                             f"{value!r}; use another checkpoint.dir or set checkpoint.resume: false")
 
 
+def steady_throughput(step_times: list[float], real: list[int]) -> float:
+    """Samples/s over the steps after warm-up (graph tracing, first allreduce negotiation):
+    the first tenth of the steps, at most 10, is left out."""
+    skip = min(10, len(step_times) // 10)
+    seconds = sum(step_times[skip:])
+    return sum(real[skip:]) / seconds if seconds else 0.0
+
+
 class Trainer:
     def __init__(self, job: JobSpec, run_dir: Path, backend: Backend):
         self.job, self.run_dir, self.b = job, run_dir, backend
@@ -166,7 +174,11 @@ class Trainer:
         sharder = Sharder(len(data), self.b.size, self.b.rank, self.t.batch_size, self.t.seed,
                           self.t.grad_accumulation)
         ck = self.t.checkpoint
-        last_save = time.monotonic()
+        if self.b.rank == 0:
+            log.info("training: %d ranks, %d samples, %d steps per epoch, from step %d (epoch %d, "
+                     "sample %d)", self.b.size, len(data), sharder.steps_per_epoch(), p.step,
+                     p.cursor.epoch, p.cursor.consumed)
+        last_save = last_log = time.monotonic()
         stop_reason = None
         t_start = time.perf_counter()
         while p.cursor.epoch < self.t.epochs and stop_reason is None:
@@ -203,7 +215,13 @@ class Trainer:
                     if save_now and ck.enabled:
                         self.save(p, "preempted" if stop_reason else "interval")
                         last_save = time.monotonic()
+                    if self.b.rank == 0 and time.monotonic() - last_log > 30:
+                        log.info("step %d, epoch %d, loss %.4f", p.step, p.cursor.epoch,
+                                 float(sum(self.b.losses_to_floats(m["loss_sums"][-1]))) / batch.step_real)
+                        last_log = time.monotonic()
                     if stop_reason or self._done(p):
+                        if stop_reason and self.b.rank == 0:
+                            log.info("stopping at step %d after signal %s", p.step, self.flag.signal)
                         break
                     t0 = time.perf_counter()
                 fetch0 = time.perf_counter()
@@ -250,6 +268,7 @@ class Trainer:
                 "grad_accumulation": self.t.grad_accumulation, "precision": self.t.precision,
                 "samples": total, "elapsed_s": elapsed_max,
                 "samples_per_s": total / elapsed_max if elapsed_max else 0.0,
+                "samples_per_s_steady": steady_throughput(m["step_times"], m["real"]),
                 "samples_per_s_per_rank": [g["samples"] / elapsed_max if elapsed_max else 0.0
                                            for g in gathered],
                 "step_time_s": step_stats(m["step_times"]), "step_times_s": m["step_times"],

@@ -157,10 +157,10 @@ class TensorFlowBackend:
                                      root_rank=0)
 
     def broadcast_object(self, obj):
-        return self.hvd.broadcast_object(obj, root_rank=0)
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hpcsuite.object")
 
     def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj)
+        return self.hvd.allgather_object(obj, name="hpcsuite.gather")
 
     def allreduce_max(self, values):
         t = self.tf.constant(values, dtype=self.tf.int32)

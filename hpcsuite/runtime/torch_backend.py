@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import signal
 
 import numpy as np
 
@@ -116,7 +117,16 @@ class TorchBackend:
             # forkserver: forking a process that has initialised MPI is unsafe.
             multiprocessing_context="forkserver" if d.workers else None,
             persistent_workers=False)
-        for i, x, y, w in loader:
+        # Loader workers (and the forkserver that starts them) share the rank's process group,
+        # and mpirun/srun deliver the preemption signal to the whole group: start them with
+        # those signals blocked (the mask is inherited), so only this process acts on them.
+        mask = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, mask)
+        try:
+            batches_iter = iter(loader)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for i, x, y, w in batches_iter:
             if cuda:
                 x, y, w = (t.to(self.device, non_blocking=True) for t in (x, y, w))
             yield batches[i], x, y, w
@@ -183,10 +193,10 @@ class TorchBackend:
         self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
 
     def broadcast_object(self, obj):
-        return self.hvd.broadcast_object(obj, root_rank=0)
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hpcsuite.object")
 
     def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj)
+        return self.hvd.allgather_object(obj, name="hpcsuite.gather")
 
     def allreduce_max(self, values):
         t = self.torch.tensor(values, dtype=self.torch.int32)
