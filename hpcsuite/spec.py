@@ -40,8 +40,9 @@ class Data:
     classes: int = field(default=10, metadata=_m("synthetic: number of classes", min=2))
     path: Optional[str] = field(default=None, metadata=_m(
         "npy: directory of inputs-*.npy / labels-*.npy shards (relative to the submit directory)"))
-    workers: int = field(default=1, metadata=_m(
-        "background loader workers per rank (torch DataLoader workers; tf.data parallelism)",
+    workers: int = field(default=0, metadata=_m(
+        "background loader workers per rank (torch DataLoader workers, tf.data parallel calls); "
+        "0 loads in the training process, best for in-memory data; raise it for data on disk",
         min=0, max=64))
     prefetch: int = field(default=2, metadata=_m("batches prepared ahead per rank", min=1, max=64))
 

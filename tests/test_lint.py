@@ -68,3 +68,26 @@ def test_lint_command(tmp_path):
     bad = CliRunner().invoke(main, ["lint", str(SBATCH / "quickstart.yaml"), "--profile", profile,
                                     "--set", "resources.partition=nope"])
     assert bad.exit_code == 2 and "unknown partition 'nope'" in bad.output
+
+
+def train_findings(train, time="00:30:00"):
+    job = spec_from_dict({"name": "x", "resources": {"time": time}, "train": train}, "t")
+    return {(f.level, f.key): f.message for f in lint(job, SiteProfile())}
+
+
+def test_checkpoints_without_signal_lead_time_warn():
+    f = train_findings({"checkpoint": {"every_steps": 10}})
+    assert ("warning", "train.preemption.lead_seconds") in f
+    assert not train_findings({"checkpoint": {"every_steps": 10}, "preemption": {"lead_seconds": 60}})
+
+
+def test_walltime_shorter_than_one_checkpoint_interval():
+    f = train_findings({"checkpoint": {"every_minutes": 45}, "preemption": {"lead_seconds": 60}})
+    assert "shorter than one checkpoint interval" in f[("warning", "train.checkpoint.every_minutes")]
+
+
+def test_requeue_needs_checkpoints_and_lead_must_fit():
+    assert ("error", "train.preemption.requeue") in train_findings({"preemption": {"requeue": True}})
+    f = train_findings({"checkpoint": {"every_steps": 5},
+                        "preemption": {"lead_seconds": 600}}, time="00:05:00")
+    assert ("error", "train.preemption.lead_seconds") in f

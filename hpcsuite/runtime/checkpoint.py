@@ -117,7 +117,8 @@ class CheckpointStore:
         files = {}
         total = 0
         for group, arrays in tensors.items():
-            blob = to_bytes({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+            # np.require keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
+            blob = to_bytes({k: np.require(v, requirements="C") for k, v in arrays.items()})
             fname = f"{group}.safetensors"
             files[fname] = {"bytes": len(blob), "sha256": write_hashed(tmp / fname, blob)}
             total += len(blob)

@@ -55,7 +55,8 @@ def main(job_path: str) -> None:
     run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
     backend = make_backend(job)
     logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s rank {backend.rank} %(name)s: %(message)s")
+                        format=f"%(asctime)s rank {backend.rank} %(name)s: %(message)s",
+                        force=True)   # the CLI configured WARNING level for login-node use
     try:
         report = Trainer(job, run_dir, backend).run()
     finally:

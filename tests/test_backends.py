@@ -1,0 +1,56 @@
+"""Backend pieces that need no cluster: device choice, precision, model parity.
+
+The GPU paths (device by local rank, float16 autocast with a grad scaler) are decided by the
+pure functions tested here; they have not run on a GPU in CI (there is none)."""
+
+import pytest
+
+from hpcsuite.runtime.torch_backend import autocast_settings, pick_device
+
+
+@pytest.mark.parametrize("local_rank, cuda, count, device", [
+    (0, False, 0, "cpu"), (3, False, 0, "cpu"), (0, True, 0, "cpu"),
+    (0, True, 4, "cuda:0"), (3, True, 4, "cuda:3"), (5, True, 4, "cuda:1"),
+])
+def test_pick_device_by_local_rank(local_rank, cuda, count, device):
+    assert pick_device(local_rank, cuda, count) == device
+
+
+def test_autocast_settings():
+    assert autocast_settings("fp32", "cpu") == (False, "cpu", None, False)
+    assert autocast_settings("amp", "cpu") == (True, "cpu", "bfloat16", False)
+    assert autocast_settings("amp", "cuda:1") == (True, "cuda", "float16", True)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name, shape", [("mlp", (32,)), ("resnet", (3, 16, 16))])
+def test_one_name_one_architecture_in_both_frameworks(name, shape):
+    """Same parameter count, same output shape, in PyTorch and TensorFlow."""
+    import subprocess
+    import sys
+
+    probe = f"""
+import os, json
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np, torch
+from hpcsuite import models
+x = np.zeros((2, *{shape!r}), np.float32)
+t = models.build({name!r}, "torch", {shape!r}, 10)
+k = models.build({name!r}, "tensorflow", {shape!r}, 10)
+print(json.dumps([sum(p.numel() for p in t.parameters()), int(k.count_params()),
+                  list(t(torch.from_numpy(x)).shape), list(k(x).shape)]))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+    torch_params, tf_params, torch_out, tf_out = json.loads(out.stdout.strip().splitlines()[-1])
+    assert torch_params == tf_params > 0
+    assert torch_out == tf_out == [2, 10]
+
+
+def test_unknown_model_lists_the_known_ones():
+    from hpcsuite import models
+    from hpcsuite.errors import UserError
+
+    with pytest.raises(UserError, match=r"unknown model 'resnt' \(did you mean \"resnet\"\?\)"):
+        models.build("resnt", "torch", (3, 8, 8), 10)

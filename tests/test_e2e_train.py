@@ -1,0 +1,209 @@
+"""End to end on the local Slurm cluster: both backends, resume, world-size change, preemption.
+
+A per-rank ledger of sample ids (train.ledger) proves that across stops and resumes every
+sample of every epoch is trained on exactly once."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def submit(env, work: Path, spec_text: str, *args: str, name="job.yaml", expect=0) -> dict:
+    spec = work / name
+    spec.write_text(spec_text)
+    proc = run_cli("submit", str(spec), "--wait", "--json", *args, cwd=work, env=env, timeout=800)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def ledger(run_dirs) -> dict[int, collections.Counter]:
+    """{epoch: Counter(sample id -> times trained)} over every rank and attempt."""
+    seen: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for d in run_dirs:
+        for f in (Path(d) / "ledger").glob("rank-*.txt"):
+            for line in f.read_text().splitlines():
+                epoch, _step, *ids = line.split()
+                seen[int(epoch)].update(int(i) for i in ids)
+    return seen
+
+
+def assert_each_sample_once(run_dirs, samples, epochs):
+    seen = ledger(run_dirs)
+    assert sorted(seen) == list(range(epochs))
+    for epoch, counts in seen.items():
+        assert set(counts) == set(range(samples)), f"epoch {epoch}: samples missing"
+        assert set(counts.values()) == {1}, f"epoch {epoch}: samples repeated"
+
+
+TF_SPEC = """name: tf2
+resources: {nodes: 2, tasks_per_node: 1}
+train:
+  backend: tensorflow
+  model: resnet
+  data: {samples: 1024, shape: [3, 8, 8], classes: 4}
+  batch_size: 32
+  epochs: 4
+  lr: 0.05
+  grad_accumulation: 2
+  checkpoint: {every_steps: 5}
+  ledger: true
+"""
+
+
+def test_tensorflow_resnet_two_ranks_and_resume(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    first = submit(env, tmp_path, TF_SPEC, "--set", "train.max_steps=6")["results"]
+    assert first["world_size"] == 2 and first["final_step"] == 6 and first["status"] == "completed"
+    assert len(set(first["param_checksums"])) == 1
+    assert first["versions"]["tensorflow"].startswith("2.21") and first["versions"]["keras"]
+    second = submit(env, tmp_path, TF_SPEC)["results"]
+    assert second["resumed_from"].endswith("step-00000006") and second["start_step"] == 6
+    steps_per_epoch = 1024 // (2 * 32 * 2)
+    assert second["final_step"] == 4 * steps_per_epoch
+    assert len(set(second["param_checksums"])) == 1
+    losses = first["loss"] + second["loss"]
+    assert sum(losses[-4:]) < sum(losses[:4])
+    runs = [d for d in (tmp_path / "runs" / "tf2").iterdir() if d.name.isdigit()]
+    assert_each_sample_once(runs, 1024, 4)
+
+
+TORCH_SPEC = """name: resume
+resources: {nodes: 2, tasks_per_node: 1}
+train:
+  backend: torch
+  model: mlp
+  data: {samples: 1000, shape: [16], classes: 5}
+  batch_size: 24
+  epochs: 3
+  lr: 0.05
+  horovod: {compression: fp16}
+  checkpoint: {every_steps: 4, keep: 2}
+  ledger: true
+"""
+
+
+def test_torch_stop_resume_and_shrink_to_one_rank(local_cluster, tmp_path):
+    """2 ranks stop after step 9 (checkpoint saved), 1 rank resumes and finishes."""
+    cluster, env = local_cluster
+    first = submit(env, tmp_path, TORCH_SPEC, "--set", "train.max_steps=9")["results"]
+    assert (first["world_size"], first["final_step"]) == (2, 9)
+    assert first["checkpoints"][-1]["step"] == 9 and first["checkpoint_time_s"] > 0
+    second = submit(env, tmp_path, TORCH_SPEC, "--set", "resources.nodes=1")["results"]
+    assert second["world_size"] == 1 and second["start_step"] == 9
+    assert second["resumed_from"].endswith("step-00000009")
+    assert second["loss"][0] < first["loss"][0]          # it continued, it did not restart
+    runs = [d for d in (tmp_path / "runs" / "resume").iterdir() if d.name.isdigit()]
+    assert_each_sample_once(runs, 1000, 3)
+    kept = sorted(p.name for p in (tmp_path / "runs" / "resume" / "checkpoints").iterdir())
+    assert len(kept) == 2 and kept[-1] == f"step-{second['final_step']:08d}"
+
+
+def _wait_for(path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+PREEMPT_SPEC = """name: preempt
+resources: {nodes: 2, tasks_per_node: 1, time: "00:10:00"}
+train:
+  data: {samples: 1000000, shape: [8], classes: 4}
+  batch_size: 16
+  epochs: 1
+  max_steps: 30000
+  checkpoint: {every_steps: 100000}
+  preemption: {signal: USR1, lead_seconds: 60, requeue: true}
+  ledger: true
+"""
+
+
+def test_preemption_checkpoints_requeues_and_resumes(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    spec = tmp_path / "preempt.yaml"
+    spec.write_text(PREEMPT_SPEC)
+    job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
+    log = tmp_path / "runs" / "preempt" / f"slurm-{job_id}.out"
+    _wait_for(log, "training:")
+    # What Slurm does lead_seconds before the time limit: the signal to the batch shell.
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
+        if state["state"] == "PENDING" and state["reason"] == "BeginTime":
+            # Slurm holds a requeued job for a while; start it now to keep the test short.
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
+        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(1)
+    assert state["state"] == "COMPLETED", log.read_text()[-3000:]
+    text = log.read_text()
+    assert "hpcsuite train: preempted at step" in text and "requeueing job" in text
+    run_dir = tmp_path / "runs" / "preempt" / job_id
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["attempt"] == 1 and results["status"] == "completed"
+    assert 0 < results["start_step"] < 30000 and results["final_step"] == 30000
+    # Every sample id trained at most once, and exactly the first 30000 steps' worth.
+    seen = ledger([run_dir])[0]
+    assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16
+
+
+def test_preempted_without_requeue_exits_3_and_resubmission_resumes(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    text = PREEMPT_SPEC.replace("requeue: true", "requeue: false").replace("name: preempt", "name: stop")
+    spec = tmp_path / "stop.yaml"
+    spec.write_text(text)
+    proc = subprocess.Popen(
+        [os.sys.executable, "-m", "hpcsuite", "submit", str(spec), "--wait"], cwd=tmp_path,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = tmp_path / "runs" / "stop"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(root.glob("slurm-*.out")):
+        time.sleep(0.2)
+    log = next(root.glob("slurm-*.out"))
+    job_id = log.stem.split("-")[1]
+    _wait_for(log, "training:")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 3, out + err
+    assert "stopped early after saving a checkpoint; submit the same spec again to resume" in err
+    again = submit(env, tmp_path, text, name="stop.yaml")["results"]
+    assert again["start_step"] > 0 and again["final_step"] == 30000
+    seen = ledger([d for d in root.iterdir() if d.name.isdigit()])[0]
+    assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16
+
+
+def test_a_dead_rank_ends_the_job_within_a_minute(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    spec = tmp_path / "dead.yaml"
+    spec.write_text(PREEMPT_SPEC.replace("name: preempt", "name: dead")
+                    .replace("max_steps: 30000", "max_steps: 10000000"))
+    job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
+    log = tmp_path / "runs" / "dead" / f"slurm-{job_id}.out"
+    _wait_for(log, "training:")
+    run_dir = str(tmp_path / "runs" / "dead" / job_id)
+    # The ranks themselves (not mpirun, whose command line names the same job file).
+    pids = subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m hpcsuite train --job {run_dir}/job.json"],
+                          capture_output=True, text=True).stdout.split()
+    assert len(pids) == 2, pids
+    killed_at = time.monotonic()
+    os.kill(int(pids[-1]), signal.SIGKILL)
+    while time.monotonic() - killed_at < 90:
+        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
+        if state["state"] not in ("RUNNING", "PENDING", "COMPLETING"):
+            break
+        time.sleep(1)
+    assert state["state"] == "FAILED"
+    assert time.monotonic() - killed_at < 60
