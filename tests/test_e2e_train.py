@@ -207,3 +207,49 @@ def test_a_dead_rank_ends_the_job_within_a_minute(local_cluster, tmp_path):
         time.sleep(1)
     assert state["state"] == "FAILED"
     assert time.monotonic() - killed_at < 60
+
+
+def test_torch_npy_shards_amp_adasum_timeline(local_cluster, tmp_path):
+    """Memory-mapped npy shards through DataLoader workers, bf16 autocast on the CPU, Adasum,
+    gradient accumulation, and a Horovod timeline requested through the spec."""
+    import numpy as np
+
+    from hpcsuite.runtime.data import write_shards
+
+    cluster, env = local_cluster
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((600, 12)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0)
+    write_shards(tmp_path / "shards", x, y, shards=3)
+    spec = f"""name: npy
+resources: {{nodes: 2, tasks_per_node: 1}}
+train:
+  data: {{kind: npy, path: {tmp_path / 'shards'}, workers: 1, prefetch: 2}}
+  batch_size: 20
+  epochs: 4
+  lr: 0.1
+  precision: amp
+  grad_accumulation: 2
+  horovod: {{op: adasum, timeline: true}}
+  ledger: true
+"""
+    payload = submit(env, tmp_path, spec)
+    r = payload["results"]
+    assert r["world_size"] == 2 and r["precision"] == "amp" and r["dataset_samples"] == 600
+    assert len(set(r["param_checksums"])) == 1
+    assert sum(r["loss"][-3:]) < sum(r["loss"][:3])
+    run_dir = Path(payload["run_dir"])
+    assert (run_dir / "horovod-timeline.json").stat().st_size > 0
+    assert_each_sample_once([run_dir], 600, 4)
+
+
+def test_tensorflow_mixed_float16(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    spec = """name: tfmixed
+resources: {nodes: 2, tasks_per_node: 1}
+train: {backend: tensorflow, model: mlp, precision: mixed_float16, batch_size: 32, epochs: 2,
+        lr: 0.1, data: {samples: 2048, workers: 2}}
+"""
+    r = submit(env, tmp_path, spec)["results"]
+    assert r["precision"] == "mixed_float16" and len(set(r["param_checksums"])) == 1
+    assert sum(r["loss"][-5:]) < sum(r["loss"][:5])
