@@ -85,23 +85,32 @@ class NpyShards:
         return int(self.offsets[-1])
 
     def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        shard_of = np.searchsorted(self.offsets, ids, side="right") - 1
+        """Rows ``ids`` in the given order. The sharding layer hands out each batch's ids in
+        ascending order, so each shard's rows are one contiguous run of the output, read
+        front to back."""
+        if len(ids) > 1 and not np.all(ids[1:] >= ids[:-1]):
+            order = np.argsort(ids, kind="stable")
+            x, y = self.get(ids[order])
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            return x[inverse], y[inverse]
         x = np.empty((len(ids), *self.shape), dtype=np.float32)
         y = np.empty(len(ids), dtype=np.int64)
-        for s in np.unique(shard_of):
-            rows = np.nonzero(shard_of == s)[0]
-            local = ids[rows] - self.offsets[s]
-            # Sorted reads touch each page of the memory map once, in order.
-            order = np.argsort(local, kind="stable")
-            shard = self.shards[s]
-            x[rows[order]] = shard.inputs[local[order]]
-            y[rows[order]] = shard.labels[local[order]]
+        bounds = np.searchsorted(ids, self.offsets)
+        for s, shard in enumerate(self.shards):
+            a, b = bounds[s], bounds[s + 1]
+            if a < b:
+                local = ids[a:b] - self.offsets[s]
+                x[a:b] = shard.inputs[local]
+                y[a:b] = shard.labels[local]
         return x, y
 
 
 def _open(path: Path) -> np.ndarray:
+    """A read-only memory map of ``path``, as a plain ndarray view: numpy.memmap's subclass
+    hooks cost more than the copy itself on every small gather."""
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
     except (ValueError, OSError) as e:
         raise UserError(f"{path}: not a readable .npy array ({e})") from None
 

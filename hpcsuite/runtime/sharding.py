@@ -5,6 +5,8 @@ cut into global batches of W*B consecutive ids (W ranks, B per rank); rank r tak
 slice of B. Because the order is global, progress is one number — the samples consumed this
 epoch — and resuming with any world size continues with exactly the ids not yet seen.
 
+Within a micro-batch the ids come in ascending order (the set is what the permutation chose).
+
 Remainder policy: the epoch is padded up to whole optimizer steps (W*B*k slots for k
 accumulated micro-batches) by repeating ids from the start of the permutation; those slots
 carry weight 0 so they never count in loss or metrics. Every rank therefore runs the same
@@ -77,6 +79,10 @@ class Sharder:
                 slots = np.arange(start, start + self.batch)
                 real = slots < self.n
                 ids = perm[np.where(real, slots, slots % self.n)]
+                # Ascending ids within a micro-batch: order inside a batch does not matter
+                # to the loss, and sorted ids let the loader read each shard front to back.
+                order = np.argsort(ids, kind="stable")
+                ids, real = ids[order], real[order]
                 last = k == self.accumulation - 1
                 after = min(step_start + self.step_slots, self.n) if last else step_start
                 yield Batch(ids=ids.astype(np.int64), weights=real.astype(np.float32),
