@@ -142,8 +142,12 @@ def test_preemption_checkpoints_requeues_and_resumes(local_cluster, tmp_path):
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
-        if state["state"] == "PENDING" and state["reason"] == "BeginTime":
-            # Slurm holds a requeued job for a while; start it now to keep the test short.
+        if state["state"] == "PENDING" and state["reason"] == "BeginTime" \
+                and set(cluster.node_states().values()) == {"idle"}:
+            # Slurm holds a requeued job for about two minutes so the nodes can clean up the
+            # previous run (same job id). Once both nodes are idle again, start it now to keep
+            # the test short; starting it before that makes the launch fail.
+            time.sleep(2)
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
         if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break

@@ -25,8 +25,10 @@ from .sharding import Batch, Cursor, Sharder
 
 log = logging.getLogger(__name__)
 
-# Ranks agree on time- and signal-driven decisions (checkpoint now, stop now) with one tiny
-# allreduce every POLL_STEPS optimizer steps: cheap, and ranks never diverge on a step.
+# Ranks agree on time- and signal-driven decisions (checkpoint now, stop now) through one tiny
+# allreduce posted every POLL_STEPS optimizer steps and read POLL_STEPS steps later: it runs
+# alongside the gradient traffic instead of stalling a step, and every rank acts on the same
+# step because every rank posts and reads at the same steps.
 POLL_STEPS = 10
 PREEMPTED_MARKER = "PREEMPTED"
 
@@ -46,7 +48,8 @@ class Backend(Protocol):
     def broadcast_state(self) -> None: ...
     def broadcast_object(self, obj): ...
     def allgather_object(self, obj) -> list: ...
-    def allreduce_max(self, values: list[int]) -> list[int]: ...
+    def poll_start(self, values: list[int]) -> object: ...
+    def poll_result(self, handle: object) -> list[int]: ...
     def checksum(self) -> str: ...
     def versions(self) -> dict: ...
     def shutdown(self) -> None: ...
@@ -180,6 +183,7 @@ class Trainer:
                      p.cursor.epoch, p.cursor.consumed)
         last_save = last_log = time.monotonic()
         stop_reason = None
+        poll = None
         t_start = time.perf_counter()
         while p.cursor.epoch < self.t.epochs and stop_reason is None:
             if self._done(p):
@@ -192,7 +196,7 @@ class Trainer:
                 data_time += time.perf_counter() - fetch0
                 losses.append(self.b.micro_step(x, y, w, self.b.size / batch.step_real,
                                                 batch.last_in_step))
-                self.metrics["samples"] += int(batch.weights.sum())
+                self.metrics["samples"] += batch.real
                 if self.ledger:
                     real = batch.ids[batch.weights > 0]
                     self.ledger.write(f"{batch.cursor.epoch} {p.step} {' '.join(map(str, real))}\n")
@@ -207,11 +211,13 @@ class Trainer:
                     losses, data_time = [], 0.0
                     save_now = ck.every_steps and p.step % ck.every_steps == 0
                     if p.step % POLL_STEPS == 0:
+                        if poll is not None:
+                            agreed = self.b.poll_result(poll)
+                            if agreed[0]:
+                                stop_reason = "preempted"
+                            save_now = save_now or agreed[1] or agreed[0]
                         due = ck.every_minutes and time.monotonic() - last_save >= ck.every_minutes * 60
-                        agreed = self.b.allreduce_max([int(self.flag.signal is not None), int(bool(due))])
-                        if agreed[0]:
-                            stop_reason = "preempted"
-                        save_now = save_now or agreed[1] or agreed[0]
+                        poll = self.b.poll_start([int(self.flag.signal is not None), int(bool(due))])
                     if save_now and ck.enabled:
                         self.save(p, "preempted" if stop_reason else "interval")
                         last_save = time.monotonic()
@@ -228,6 +234,8 @@ class Trainer:
             if stop_reason is None and p.cursor.consumed >= len(data):
                 p.cursor = Cursor(p.cursor.epoch + 1, 0)
         elapsed = time.perf_counter() - t_start
+        if poll is not None:
+            self.b.poll_result(poll)          # every rank posted it; every rank collects it
         if ck.enabled and stop_reason is None and p.step > p.start_step and \
                 not (self.metrics["checkpoints"] and self.metrics["checkpoints"][-1]["step"] == p.step):
             self.save(p, "final")

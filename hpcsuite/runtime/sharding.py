@@ -39,6 +39,7 @@ class Cursor:
 class Batch:
     ids: np.ndarray       # int64 sample ids, length B
     weights: np.ndarray   # float32, 1 for real samples, 0 for padding
+    real: int             # real samples in this micro-batch (weights.sum())
     step_real: int        # real samples in the whole optimizer step, across all ranks
     last_in_step: bool    # the optimizer steps after this micro-batch
     cursor: Cursor        # the position *after* this batch
@@ -86,6 +87,6 @@ class Sharder:
                 last = k == self.accumulation - 1
                 after = min(step_start + self.step_slots, self.n) if last else step_start
                 yield Batch(ids=ids.astype(np.int64), weights=real.astype(np.float32),
-                            step_real=step_real, last_in_step=last,
+                            real=int(real.sum()), step_real=step_real, last_in_step=last,
                             cursor=Cursor(cursor.epoch, after))
             step_start += self.step_slots

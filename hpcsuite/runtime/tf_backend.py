@@ -73,7 +73,8 @@ class TensorFlowBackend:
         self.op = hvd.Adasum if h.op == "adasum" else hvd.Average
         train_vars = self.model.trainable_variables
         # Local gradient sums for accumulation over micro-batches (k > 1).
-        self.accum = [tf.Variable(tf.zeros_like(v.value), trainable=False) for v in train_vars]
+        self.accum = [tf.Variable(tf.zeros_like(v.value), trainable=False) for v in train_vars] \
+            if self.t.grad_accumulation > 1 else []
         self._micro = tf.function(self._micro_step, reduce_retracing=True)
 
     # ---------------------------------------------------------------- data
@@ -81,18 +82,23 @@ class TensorFlowBackend:
         tf = self.tf
         if not batches:
             return
+        d = self.t.data
+        if d.workers == 0:
+            # In-process loading: a tf.data pipeline around numpy would only add per-batch cost.
+            for b in batches:
+                x, y = data.get(b.ids)
+                yield b, tf.constant(x), tf.constant(y), tf.constant(b.weights)
+            return
         ids = np.stack([b.ids for b in batches])
         weights = np.stack([b.weights for b in batches])
-        shape = data.get(batches[0].ids[:1])[0].shape[1:]
+        shape = data.shape
 
         def fetch(i):
-            x, y = data.get(ids[int(i)])
-            return x, y
+            return data.get(ids[int(i)])
 
-        d = self.t.data
         ds = tf.data.Dataset.range(len(batches))
         ds = ds.map(lambda i: (i, *tf.numpy_function(fetch, [i], [tf.float32, tf.int64])),
-                    num_parallel_calls=d.workers or None, deterministic=True)
+                    num_parallel_calls=d.workers, deterministic=True)
         ds = ds.map(lambda i, x, y: (i, tf.ensure_shape(x, (None, *shape)), tf.ensure_shape(y, (None,))))
         ds = ds.prefetch(d.prefetch)
         for i, x, y in ds:
@@ -103,23 +109,27 @@ class TensorFlowBackend:
     def _micro_step(self, x, y, w, scale, last):
         tf, hvd = self.tf, self.hvd
         model_vars = self.model.trainable_variables
+        accumulate = self.t.grad_accumulation > 1
         with tf.GradientTape() as tape:
             logits = self.model(x, training=True)
             per_sample = self.loss_fn(y, logits) * w
             loss = tf.reduce_sum(per_sample) * scale
             if self.mixed:
                 loss = self.optimizer.scale_loss(loss)
-            # On the step's last micro-batch, fold the locally accumulated gradients into the
-            # target: d/dv <stop_gradient(acc), v> = acc, so the one allreduce that
-            # DistributedGradientTape performs carries the whole step's gradient.
-            target = loss + tf.add_n([tf.reduce_sum(tf.stop_gradient(a) * tf.cast(v.value, a.dtype))
-                                      for a, v in zip(self.accum, model_vars)])
+            target = loss
+            if accumulate and last:
+                # Fold the locally accumulated gradients into the target:
+                # d/dv <stop_gradient(acc), v> = acc, so the one allreduce that
+                # DistributedGradientTape performs carries the whole step's gradient.
+                target = loss + tf.add_n([tf.reduce_sum(tf.stop_gradient(a) * tf.cast(v.value, a.dtype))
+                                          for a, v in zip(self.accum, model_vars)])
         if last:
             dtape = hvd.DistributedGradientTape(tape, compression=self.compression, op=self.op)
             grads = dtape.gradient(target, tf_vars(model_vars))
             self.optimizer.apply_gradients(zip(grads, model_vars))
-            for a in self.accum:
-                a.assign(tf.zeros_like(a))
+            if accumulate:
+                for a in self.accum:
+                    a.assign(tf.zeros_like(a))
         else:
             grads = tape.gradient(loss, tf_vars(model_vars))
             for a, g in zip(self.accum, grads):
@@ -162,9 +172,13 @@ class TensorFlowBackend:
     def allgather_object(self, obj):
         return self.hvd.allgather_object(obj, name="hpcsuite.gather")
 
-    def allreduce_max(self, values):
+    def poll_start(self, values):
+        # Eager TensorFlow ops complete before they return; the result is simply kept.
         t = self.tf.constant(values, dtype=self.tf.int32)
-        return [int(v) for v in self.hvd.allreduce(t, op=self.hvd.Max, name="hpcsuite.poll").numpy()]
+        return self.hvd.allreduce(t, op=self.hvd.Max, name="hpcsuite.poll")
+
+    def poll_result(self, handle):
+        return [int(v) for v in handle.numpy()]
 
     def checksum(self) -> str:
         h = hashlib.sha256()

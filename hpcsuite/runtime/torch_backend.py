@@ -111,6 +111,12 @@ class TorchBackend:
         if d.workers == 0:
             dataset.bind(data)
         cuda = self.device.startswith("cuda")
+        if d.workers == 0 and not cuda:
+            # In-process loading: the DataLoader machinery would only add per-batch cost.
+            for i in range(len(dataset)):
+                _, x, y, w = dataset[i]
+                yield batches[i], x, y, w
+            return
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=None, shuffle=False, num_workers=d.workers, pin_memory=cuda,
             prefetch_factor=d.prefetch if d.workers else None,
@@ -198,9 +204,12 @@ class TorchBackend:
     def allgather_object(self, obj):
         return self.hvd.allgather_object(obj, name="hpcsuite.gather")
 
-    def allreduce_max(self, values):
+    def poll_start(self, values):
         t = self.torch.tensor(values, dtype=self.torch.int32)
-        return [int(v) for v in self.hvd.allreduce(t, op=self.hvd.Max, name="hpcsuite.poll")]
+        return self.hvd.allreduce_async(t, op=self.hvd.Max, name="hpcsuite.poll")
+
+    def poll_result(self, handle):
+        return [int(v) for v in self.hvd.synchronize(handle)]
 
     def checksum(self) -> str:
         h = hashlib.sha256()
