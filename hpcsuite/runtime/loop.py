@@ -210,7 +210,10 @@ class Trainer:
                     m["real"].append(batch.step_real)
                     losses, data_time = [], 0.0
                     save_now = ck.every_steps and p.step % ck.every_steps == 0
-                    if p.step % POLL_STEPS == 0:
+                    # Also right after the first step, so that the first vote (and, for
+                    # TensorFlow, the first run of the step variant that carries it) falls
+                    # inside warm-up rather than into measured training.
+                    if p.step % POLL_STEPS == 0 or p.step == p.start_step + 1:
                         if poll is not None:
                             agreed = self.b.poll_result(poll)
                             if agreed[0]:

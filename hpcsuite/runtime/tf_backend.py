@@ -76,6 +76,16 @@ class TensorFlowBackend:
         self.accum = [tf.Variable(tf.zeros_like(v.value), trainable=False) for v in train_vars] \
             if self.t.grad_accumulation > 1 else []
         self._micro = tf.function(self._micro_step, reduce_retracing=True)
+        self._scales: dict[float, object] = {}
+        self._poll: dict | None = None
+        # Trace every variant now (batch dimension left open, so all batches match): a trace
+        # costs a quarter of a second, which would otherwise land in some training step.
+        specs = (tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int64),
+                 tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32))
+        self._micro.get_concrete_function(*specs, True)
+        self._micro.get_concrete_function(*specs, True, tf.TensorSpec([2], tf.int32))
+        if self.t.grad_accumulation > 1:
+            self._micro.get_concrete_function(*specs, False)
 
     # ---------------------------------------------------------------- data
     def feed(self, data, batches):
@@ -106,7 +116,7 @@ class TensorFlowBackend:
             yield batches[i], x, y, tf.constant(weights[i])
 
     # ---------------------------------------------------------------- step
-    def _micro_step(self, x, y, w, scale, last):
+    def _micro_step(self, x, y, w, scale, last, poll=None):
         tf, hvd = self.tf, self.hvd
         model_vars = self.model.trainable_variables
         accumulate = self.t.grad_accumulation > 1
@@ -134,10 +144,36 @@ class TensorFlowBackend:
             grads = tape.gradient(loss, tf_vars(model_vars))
             for a, g in zip(self.accum, grads):
                 a.assign_add(g)
+        if poll is not None:
+            # The ranks' stop/save vote rides along with this step's gradient allreduce.
+            return tf.reduce_sum(per_sample), hvd.allreduce(poll, op=hvd.Max, name="hpcsuite.poll")
         return tf.reduce_sum(per_sample)
 
     def micro_step(self, x, y, w, scale, last):
-        return self._micro(x, y, w, self.tf.constant(scale, self.tf.float32), bool(last))
+        tf = self.tf
+        if scale not in self._scales:           # a handful of values: full and last steps
+            self._scales[scale] = tf.constant(scale, tf.float32)
+        poll = self._poll
+        if last and poll is not None and "sent" not in poll:
+            poll["sent"] = True
+            loss, poll["result"] = self._micro(x, y, w, self._scales[scale], True,
+                                               tf.constant(poll["values"], tf.int32))
+            return loss
+        return self._micro(x, y, w, self._scales[scale], bool(last))
+
+    def poll_start(self, values):
+        """The vote is sent with the next optimizer step (see _micro_step), not on its own."""
+        self._poll = {"values": list(values)}
+        return self._poll
+
+    def poll_result(self, handle):
+        if "sent" not in handle:                # training ended before another step ran
+            handle["sent"] = True
+            handle["result"] = self.hvd.allreduce(self.tf.constant(handle["values"], self.tf.int32),
+                                                  op=self.hvd.Max, name="hpcsuite.poll")
+        if self._poll is handle:
+            self._poll = None
+        return [int(v) for v in handle["result"].numpy()]
 
     def losses_to_floats(self, losses):
         return [float(v) for v in losses]
@@ -171,14 +207,6 @@ class TensorFlowBackend:
 
     def allgather_object(self, obj):
         return self.hvd.allgather_object(obj, name="hpcsuite.gather")
-
-    def poll_start(self, values):
-        # Eager TensorFlow ops complete before they return; the result is simply kept.
-        t = self.tf.constant(values, dtype=self.tf.int32)
-        return self.hvd.allreduce(t, op=self.hvd.Max, name="hpcsuite.poll")
-
-    def poll_result(self, handle):
-        return [int(v) for v in handle.numpy()]
 
     def checksum(self) -> str:
         h = hashlib.sha256()
