@@ -86,3 +86,26 @@ def test_srun_launch_line():
     job = spec_from_dict({"name": "x", "launcher": "srun"}, "t")
     script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
     assert "srun --mpi=pmix --kill-on-bad-exit=1 --ntasks=1" in script
+
+
+def test_horovod_knobs_become_environment_for_every_rank():
+    job = spec_from_dict({"name": "x", "train": {"horovod": {
+        "fusion_threshold_mb": 32, "cycle_time_ms": 2.5, "stall_check_seconds": 30,
+        "stall_shutdown_seconds": 90, "timeline": True, "autotune": True}}}, "t")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    for line in ("export HOROVOD_FUSION_THRESHOLD=33554432", "export HOROVOD_CYCLE_TIME=2.5",
+                 "export HOROVOD_STALL_CHECK_TIME_SECONDS=30",
+                 "export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=90",
+                 'export HOROVOD_TIMELINE="$RUN_DIR/horovod-timeline.json"',
+                 "export HOROVOD_AUTOTUNE=1"):
+        assert line in script.splitlines()
+    launch = [l for l in script.splitlines() if l.startswith("mpirun ")][0]
+    assert "-x HOROVOD_TIMELINE" in launch and "-x HOROVOD_AUTOTUNE" in launch
+    # Set for the ranks by the template, never from Python.
+    assert script.index("export HOROVOD_TIMELINE") > script.index("RUN_DIR=")
+
+
+def test_stall_check_zero_disables_it():
+    job = spec_from_dict({"name": "x", "train": {"horovod": {"stall_check_seconds": 0}}}, "t")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    assert "export HOROVOD_STALL_CHECK_DISABLE=1" in script
