@@ -12,7 +12,6 @@ import json
 import os
 import time
 
-import numpy as np
 
 
 def steady(times: list[float], per_step: int) -> float:

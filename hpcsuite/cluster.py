@@ -121,7 +121,7 @@ class LocalCluster:
             "ReturnToService=2",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=2",
-            f"JobCompType=jobcomp/filetxt",
+            "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r}/log/jobcomp.txt",
             "MinJobAge=3600",
             "KillWait=10",

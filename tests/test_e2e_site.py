@@ -3,11 +3,10 @@ load and an environment variable, lock the partition; users render with the site
 cannot change the partition, and their job still runs on the local Slurm cluster."""
 
 import json
-import os
 
 import pytest
 
-from conftest import SBATCH, run_cli
+from conftest import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
