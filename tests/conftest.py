@@ -26,6 +26,18 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     return proc
 
 
+def submit_spec(env: dict, work: Path, spec_text: str, *args: str, name: str = "job.yaml",
+                expect: int = 0) -> dict:
+    """Write a spec into ``work``, `submit --wait --json` it, check the exit code; the JSON."""
+    import json
+
+    spec = work / name
+    spec.write_text(spec_text)
+    proc = run_cli("submit", str(spec), "--wait", "--json", *args, cwd=work, env=env, timeout=800)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory):
     """A running two-node Slurm cluster; yields (LocalCluster, env for Slurm clients)."""

@@ -20,8 +20,10 @@ def test_up_twice_is_harmless(local_cluster):
     assert all(pids.values())
     assert cluster.up(timeout=30) == [f"cluster already up ({cluster.root})"]
     assert cluster.states() == pids
-    assert cluster.node_states() == {"node1": "idle", "node2": "idle"} or \
-        set(cluster.node_states()) == {"node1", "node2"}
+    # Both nodes still serve (a job of an earlier test may still be finishing on them).
+    nodes = cluster.node_states()
+    assert set(nodes) == {"node1", "node2"}
+    assert set(nodes.values()) <= {"idle", "mixed", "allocated", "completing"}, nodes
 
 
 def test_status_command(local_cluster):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import SBATCH, run_cli
+from conftest import SBATCH, run_cli, submit_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -49,12 +49,8 @@ def test_failing_job_exits_nonzero_with_log_tail(local_cluster, tmp_path):
 
 def test_status_and_logs_of_finished_job(local_cluster, tmp_path):
     cluster, env = local_cluster
-    spec = tmp_path / "tiny.yaml"
-    spec.write_text("name: tiny\nresources: {nodes: 1}\n"
-                    "train: {data: {samples: 256}, max_steps: 2}\n")
-    proc = run_cli("submit", str(spec), "--json", "--wait", cwd=tmp_path, env=env, timeout=400)
-    assert proc.returncode == 0, proc.stderr
-    job_id = json.loads(proc.stdout)["job_id"]
+    job_id = submit_spec(env, tmp_path, "name: tiny\nresources: {nodes: 1}\n"
+                         "train: {data: {samples: 256}, max_steps: 2}\n")["job_id"]
     status = run_cli("status", job_id, "--json", env=env, check=True)
     assert json.loads(status.stdout)["state"] == "COMPLETED"
     logs = run_cli("logs", job_id, env=env, check=True)
@@ -64,11 +60,8 @@ def test_status_and_logs_of_finished_job(local_cluster, tmp_path):
 def test_srun_pmix_across_two_virtual_nodes(local_cluster, tmp_path):
     """srun --mpi=pmix starts the ranks itself; per-node TmpFS keeps the PMIx dirs apart."""
     cluster, env = local_cluster
-    spec = tmp_path / "srun.yaml"
-    spec.write_text("name: srun2\nlauncher: srun\nresources: {nodes: 2, tasks_per_node: 1}\n"
-                    "train: {data: {samples: 512}, max_steps: 4}\n")
-    proc = run_cli("submit", str(spec), "--json", "--wait", cwd=tmp_path, env=env, timeout=400)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = json.loads(proc.stdout)["results"]
+    results = submit_spec(env, tmp_path, "name: srun2\nlauncher: srun\n"
+                          "resources: {nodes: 2, tasks_per_node: 1}\n"
+                          "train: {data: {samples: 512}, max_steps: 4}\n")["results"]
     assert results["world_size"] == 2 and sorted(results["hosts"]) == ["node1", "node2"]
     assert len(set(results["param_checksums"])) == 1

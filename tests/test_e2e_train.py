@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, submit_spec as submit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-def submit(env, work: Path, spec_text: str, *args: str, name="job.yaml", expect=0) -> dict:
-    spec = work / name
-    spec.write_text(spec_text)
-    proc = run_cli("submit", str(spec), "--wait", "--json", *args, cwd=work, env=env, timeout=800)
-    assert proc.returncode == expect, proc.stdout + proc.stderr
-    return json.loads(proc.stdout)
 
 
 def ledger(run_dirs) -> dict[int, collections.Counter]:
