@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Iterable
 
 
@@ -35,5 +34,13 @@ class JobPreempted(JobFailed):
 
 def close_match(word: str, options: Iterable[str]) -> str:
     """' (did you mean "x"?)' when an option is close to ``word``, else ''."""
+    import difflib
+
     found = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f' (did you mean "{found[0]}"?)' if found else ""
+
+
+def show(value: object, limit: int = 48) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error quotes a bad value, never all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(str(value))} characters)"

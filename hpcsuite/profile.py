@@ -10,10 +10,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .spec import NAME, WALLTIME, _m
+from .spec import NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, _m
 
-OPTION = r"[A-Za-z0-9_.,:=+@%/-]+"
-MODULE = r"[A-Za-z0-9_.+/@:-]+"
+MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
+# A Slurm feature expression: names joined by & | , with counts [*N] and brackets.
+CONSTRAINT = r"[A-Za-z0-9_.,:|&*\[\]()-]{1,256}"
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,16 @@ class Partition:
     cpus_per_node: Optional[int] = field(default=None, metadata=_m("cores per node", min=1))
     gpus_per_node: int = field(default=0, metadata=_m("GPUs per node", min=0))
     max_time: Optional[str] = field(default=None, metadata=_m(
-        "longest walltime", pattern=WALLTIME, pattern_help="use [D-]HH:MM[:SS] or minutes", coerce=True))
-    account: Optional[str] = field(default=None, metadata=_m(pattern=OPTION, pattern_help="an account name"))
-    qos: Optional[str] = field(default=None, metadata=_m(pattern=OPTION, pattern_help="a QOS name"))
-    reservation: Optional[str] = field(default=None, metadata=_m(pattern=OPTION, pattern_help="a reservation"))
+        "longest walltime", pattern=WALLTIME, pattern_help=WALLTIME_HELP, coerce=True))
+    account: Optional[str] = field(default=None, metadata=_m(
+        "account every job on this partition is charged to", pattern=NAME, pattern_help=NAME_HELP))
+    qos: Optional[str] = field(default=None, metadata=_m(
+        "QOS every job on this partition runs under", pattern=NAME, pattern_help=NAME_HELP))
+    reservation: Optional[str] = field(default=None, metadata=_m(
+        "reservation every job on this partition uses", pattern=NAME, pattern_help=NAME_HELP))
     constraint: Optional[str] = field(default=None, metadata=_m(
-        pattern=r"[A-Za-z0-9_.,:|&*\[\]()-]+", pattern_help="a Slurm feature expression"))
+        "node features every job on this partition requires", pattern=CONSTRAINT,
+        pattern_help="a Slurm feature expression: names with & | , [ ] ( ) * :"))
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,12 @@ class SiteProfile:
     name: Optional[str] = field(default=None, metadata=_m("cluster name", pattern=NAME,
                                                           pattern_help="letters, digits, _ . -"))
     contact: Optional[str] = field(default=None, metadata=_m(
-        "who users talk to about locked keys, e.g. hpc-support@example.org"))
+        "who users talk to about locked keys, e.g. hpc-support@example.org", max_length=200))
+    pinned: bool = field(default=False, metadata=_m(
+        "in /etc/hpcsuite/profile.yaml: this is the only site profile; --profile, "
+        "HPCSUITE_PROFILE and HPCSUITE_SITE_DIR are refused"))
+    allow_unlimited_time: bool = field(default=False, metadata=_m(
+        "accept resources.time 0 (no time limit)"))
     python: Optional[str] = field(default=None, metadata=_m(
         "interpreter that runs `hpcsuite train` on compute nodes "
         "(default: the one running hpcsuite at submit time)"))
@@ -64,7 +74,9 @@ class SiteProfile:
         pattern_help="a module name like openmpi/4.1.4"))
     setup: list[str] = field(default_factory=list, metadata=_m(
         "shell lines run before training (trusted: written by the site)"))
-    partitions: dict[str, Partition] = field(default_factory=dict)
+    partitions: dict[str, Partition] = field(default_factory=dict, metadata=_m(
+        "the cluster's partitions and what every job on each one gets", key_pattern=NAME,
+        key_help=f"not a partition name ({NAME_HELP})"))
     mpi: Mpi = field(default_factory=Mpi)
 
     def interpreter(self) -> str:

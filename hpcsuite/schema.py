@@ -9,6 +9,8 @@ valid ones and the close match.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import re
 import types
 import typing
@@ -16,23 +18,33 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from .errors import ConfigError, close_match, UserError
+from .errors import ConfigError, UserError, close_match, show
+from .strict_yaml import MAX_FILE_BYTES, Ambiguous, Number, StrictYAMLError, load
 
-# libyaml's parser when present: the same safe loader, several times faster on a login node.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# The longest string any value may be (a path is at most 4096 bytes on Linux).
+MAX_STRING = 4096
 
 
 def read_yaml(path: str) -> dict:
     """Parse a YAML file that must hold a mapping; errors name the file and line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_Loader)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a YAML file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise UserError(f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a job spec or "
+                        "profile is a few hundred bytes")
+    try:
+        data = load(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
+    except StrictYAMLError as e:
+        raise UserError(f"{path}:{e.line}: {e}" if e.line else f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path
@@ -46,9 +58,11 @@ def read_yaml(path: str) -> dict:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number", type(None): "nothing"}.get(type(value),
-                                                                            type(value).__name__)
+    for tp, word in ((bool, "a boolean"), (dict, "a mapping"), (list, "a list"), (str, "a string"),
+                     (int, "an integer"), (float, "a number"), (type(None), "nothing")):
+        if isinstance(value, tp):
+            return word
+    return type(value).__name__
 
 
 def _join(path: str, key: str) -> str:
@@ -64,13 +78,13 @@ def build(cls: type, data: Any, source: str, path: str = "", partial: bool = Fal
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, path or "(top)", f"expected a mapping, got {_kind(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints, fields = _schema(cls)
     for key in data:
         if not isinstance(key, str) or key not in fields:
             valid = ", ".join(sorted(fields))
-            raise ConfigError(source, _join(path, str(key)),
-                              f"unknown key{close_match(str(key), fields)}; valid keys: {valid}")
+            name = str(key)[:64]
+            raise ConfigError(source, _join(path, name),
+                              f"unknown key{close_match(name, fields)}; valid keys: {valid}")
     values = {}
     for name, f in fields.items():
         key_path = _join(path, name)
@@ -83,9 +97,18 @@ def build(cls: type, data: Any, source: str, path: str = "", partial: bool = Fal
     return values if partial else cls(**values)
 
 
+@functools.cache
+def _schema(cls: type) -> tuple[dict, dict]:
+    """A dataclass's resolved annotations and fields (typing.get_type_hints evaluates every
+    annotation string on each call)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
 def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
             partial: bool = False) -> Any:
     meta = meta or {}
+    if isinstance(value, Ambiguous):
+        raise ConfigError(source, path, _ambiguous(value, path))
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -93,10 +116,10 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
         inner = [a for a in args if a is not type(None)]
         return convert(inner[0], value, source, path, meta, partial)
     if origin is Literal:
-        if value not in args:
+        if isinstance(value, (dict, list)) or value not in args:
             choices = ", ".join(str(a) for a in args)
-            hint = close_match(str(value), [str(a) for a in args])
-            raise ConfigError(source, path, f"{value!r} is not one of: {choices}{hint}")
+            hint = close_match(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
+            raise ConfigError(source, path, f"{show(value)} is not one of: {choices}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
         return build(tp, value, source, path, partial)
@@ -105,11 +128,21 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
             raise ConfigError(source, path, f"expected a mapping, got {_kind(value)}")
         kt, vt = args
         key_pattern = meta.get("key_pattern")
+        reserved = meta.get("reserved_keys")
+        names = {}
         for k in value:
+            names[k] = k if isinstance(k, str) and len(k) <= 64 else show(k, 40)
+            where = f"{path}.{names[k]}"
+            if not isinstance(k, str) or len(k) > 64:
+                raise ConfigError(source, where, "a key must be text of at most 64 characters")
             if key_pattern and not (isinstance(k, str) and re.fullmatch(key_pattern, k)):
-                raise ConfigError(source, f"{path}.{k}", meta.get("key_help", "not a valid key"))
-        return {convert(kt, k, source, f"{path}.{k}"):
-                convert(vt, v, source, f"{path}.{k}", None, partial) for k, v in value.items()}
+                raise ConfigError(source, where, meta.get("key_help", "not a valid key"))
+            if reserved and reserved(k):
+                raise ConfigError(source, where, reserved(k))
+        value_meta = meta.get("values")
+        return {convert(kt, k, source, f"{path}.{names[k]}"):
+                convert(vt, v, source, f"{path}.{names[k]}", value_meta, partial)
+                for k, v in value.items()}
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
@@ -119,30 +152,62 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
         return tuple(items) if origin is tuple else items
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(source, path, f"expected true or false, got {_kind(value)} {value!r}")
+            raise ConfigError(source, path, f"expected true or false, got {_kind(value)} {show(value)}")
         return value
     if tp is int:
+        if isinstance(value, float) and isinstance(value, Number) and value.is_integer() \
+                and "e" in value.text.lower():
+            value = int(value)   # 1e5 written for an integer
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(source, path, f"expected an integer, got {_kind(value)} {value!r}")
+            raise ConfigError(source, path, f"expected an integer, got {_kind(value)} {show(value)}")
         _range(value, source, path, meta)
-        return value
+        return int(value)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(source, path, f"expected a number, got {_kind(value)} {value!r}")
+            raise ConfigError(source, path, f"expected a number, got {_kind(value)} {show(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(source, path, f"{show(value)} is not a finite number")
         _range(float(value), source, path, meta)
         return float(value)
     if tp is str:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and meta.get("coerce"):
-            value = str(value)
+            value = value.text if isinstance(value, Number) else str(value)
         if not isinstance(value, str):
-            raise ConfigError(source, path, f"expected a string, got {_kind(value)} {value!r}")
+            raise ConfigError(source, path, f"expected a string, got {_kind(value)} {show(value)}"
+                                            + _quote_hint(value))
         if "\n" in value or "\r" in value or "\0" in value:
             raise ConfigError(source, path, "newline and NUL characters are not allowed")
+        limit = meta.get("max_length", MAX_STRING)
+        if len(value) > limit:
+            raise ConfigError(source, path, f"{show(value)} is longer than {limit} characters")
+        if meta.get("nonempty") and not value:
+            raise ConfigError(source, path, "must not be empty")
         pattern = meta.get("pattern")
         if pattern and not re.fullmatch(pattern, value):
-            raise ConfigError(source, path, f"{value!r} is not valid: {meta.get('pattern_help', pattern)}")
-        return value
+            raise ConfigError(source, path, f"{show(value)} is not valid: "
+                                            f"{meta.get('pattern_help', pattern)}")
+        check = meta.get("check")
+        if check and check(value):
+            raise ConfigError(source, path, check(value))
+        return str(value)
     raise TypeError(f"schema type {tp!r} at {path} is not supported")  # a bug in hpcsuite
+
+
+def _ambiguous(value: Ambiguous, path: str) -> str:
+    key = path.rsplit(".", 1)[-1]
+    if ":" in value:
+        return (f"{value} unquoted is the number {value.meaning:g} in YAML (base 60); write "
+                f"{key}: \"{value}\" in quotes")
+    return (f"{value} unquoted is the octal number {value.meaning} in YAML 1.1; write "
+            f"{int(value.lstrip('+-0') or '0')} for the number, or \"{value}\" in quotes for the text")
+
+
+def _quote_hint(value: Any) -> str:
+    if isinstance(value, bool):
+        return " (YAML reads yes/no/on/off/true/false as booleans; quote it for the text)"
+    if value is None:
+        return " (an empty value or ~ is null in YAML; quote it for the text)"
+    return ""
 
 
 def _range(value: float, source: str, path: str, meta: dict) -> None:

@@ -8,9 +8,58 @@ from typing import Literal, Optional
 
 from .schema import build, read_yaml, to_dict
 
+# Allow-lists for values that reach an #SBATCH line. sbatch reads its header with its own
+# tokeniser (quotes, backslashes, '#' and white space are all special to it), so these values
+# are never quoted there: they must not need quoting. See hpcsuite/sbatch_header.py.
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
-WALLTIME = r"(\d+-)?\d{1,2}:\d{2}(:\d{2})?|\d+"
-ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+NAME_HELP = "letters, digits, _ . - (starting with a letter or digit, at most 64)"
+WALLTIME = (r"\d{1,7}(:\d{1,2})?"                               # minutes[:seconds]
+            r"|\d{1,4}:\d{1,2}:\d{1,2}"                         # hours:minutes:seconds
+            r"|\d{1,4}-\d{1,2}(:\d{1,2}(:\d{1,2})?)?")           # days-hours[:minutes[:seconds]]
+WALLTIME_HELP = ("Slurm's formats: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+                 "(in quotes: YAML reads 10:00 unquoted as a number)")
+# Paths in the header: no '%' either, which Slurm expands in --output (%j, %u, ...).
+PATH = r"[A-Za-z0-9_.+@/][A-Za-z0-9_.+@/-]{0,1023}"
+PATH_HELP = "letters, digits and / . _ - + @ only, not starting with - (no % or spaces)"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}"
+
+# Horovod variables the template derives from train.horovod (see plan.horovod_environment).
+HOROVOD_KNOBS = {
+    "HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "stall_check_seconds",
+    "HOROVOD_STALL_CHECK_DISABLE": "stall_check_seconds",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "stall_shutdown_seconds",
+    "HOROVOD_TIMELINE": "timeline", "HOROVOD_AUTOTUNE": "autotune",
+    "HOROVOD_AUTOTUNE_LOG": "autotune",
+}
+# Variables bash gives meaning to (exporting them changes how the batch script itself runs).
+SHELL_VARS = frozenset(
+    "SHELLOPTS BASHOPTS UID EUID PPID BASHPID IFS PS4 ENV CDPATH GLOBIGNORE POSIXLY_CORRECT "
+    "HOME PWD OLDPWD OPTIND OPTARG OPTERR RANDOM SRANDOM SECONDS LINENO FUNCNAME GROUPS SHLVL "
+    "PIPESTATUS DIRSTACK HOSTTYPE MACHTYPE OSTYPE HISTFILE PROMPT_COMMAND EPOCHSECONDS "
+    "EPOCHREALTIME PATH SHELL".split())
+# Names the rendered script and the launchers use for themselves.
+OWN_VARS = frozenset({"RUN_DIR", "launcher", "status", "OMPI_ALLOW_RUN_AS_ROOT",
+                      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"})
+OWNED_PREFIXES = {"SLURM_": "Slurm", "SBATCH_": "Slurm", "SRUN_": "Slurm", "SALLOC_": "Slurm",
+                  "BASH_": "bash", "HPCSUITE_": "hpcsuite", "PMI_": "the MPI launcher",
+                  "PMIX_": "the MPI launcher", "OMPI_COMM_WORLD_": "the MPI launcher"}
+
+
+def reserved_env_name(name: str) -> str | None:
+    """Why ``name`` may not be set through ``env``, or None when it may."""
+    if name in HOROVOD_KNOBS:
+        return f"hpcsuite sets {name} from train.horovod.{HOROVOD_KNOBS[name]}; set that instead"
+    if name in SHELL_VARS:
+        return (f"{name} belongs to the shell that runs the batch script; setting it would "
+                "change how the script itself runs")
+    if name in OWN_VARS:
+        return f"{name} is used by the rendered script itself"
+    for prefix, owner in OWNED_PREFIXES.items():
+        if name.startswith(prefix):
+            return f"{prefix}* variables belong to {owner}"
+    return None
 
 
 def _m(help: str = "", **kw) -> dict:
@@ -24,11 +73,12 @@ class Resources:
     cpus_per_task: int = field(default=1, metadata=_m("CPU cores per rank", min=1, max=1024))
     gpus_per_node: int = field(default=0, metadata=_m("GPUs per node", min=0, max=64))
     time: str = field(default="00:10:00", metadata=_m(
-        "walltime", pattern=WALLTIME, pattern_help="use [D-]HH:MM[:SS] or minutes", coerce=True))
+        "walltime", pattern=WALLTIME, pattern_help=WALLTIME_HELP, coerce=True))
     partition: Optional[str] = field(default=None, metadata=_m(
-        "Slurm partition", pattern=NAME, pattern_help="letters, digits, _ . -"))
+        "Slurm partition", pattern=NAME, pattern_help=NAME_HELP))
     mem: Optional[str] = field(default=None, metadata=_m(
-        "memory per node, e.g. 4G", pattern=r"\d+[KMGT]?", pattern_help="a number with K, M, G or T"))
+        "memory per node, e.g. 4G", pattern=r"[1-9]\d{0,11}[KMGT]?",
+        pattern_help="a number with K, M, G or T, e.g. 4G", coerce=True))
 
 
 @dataclass(frozen=True)
@@ -39,7 +89,8 @@ class Data:
         "synthetic: shape of one input, e.g. [32] or [3, 16, 16] (channels first)", min=1))
     classes: int = field(default=10, metadata=_m("synthetic: number of classes", min=2))
     path: Optional[str] = field(default=None, metadata=_m(
-        "npy: directory of inputs-*.npy / labels-*.npy shards (relative to the submit directory)"))
+        "npy: directory of inputs-*.npy / labels-*.npy shards (relative to the submit directory)",
+        nonempty=True))
     workers: int = field(default=0, metadata=_m(
         "background loader workers per rank (torch DataLoader workers, tf.data parallel calls); "
         "0 loads in the training process, best for in-memory data; raise it for data on disk",
@@ -69,7 +120,8 @@ class Checkpoint:
                                                           min=0.0))
     keep: int = field(default=2, metadata=_m("checkpoints kept", min=1))
     dir: Optional[str] = field(default=None, metadata=_m(
-        "where checkpoints live (default: OUTPUT_DIR/NAME/checkpoints); shared by resubmissions"))
+        "where checkpoints live (default: OUTPUT_DIR/NAME/checkpoints); shared by resubmissions",
+        nonempty=True))
     resume: bool = field(default=True, metadata=_m("continue from the latest good checkpoint"))
 
     @property
@@ -110,16 +162,19 @@ class Train:
 
 @dataclass(frozen=True)
 class JobSpec:
-    name: str = field(metadata=_m("job name", pattern=NAME, pattern_help="letters, digits, _ . - (max 64)"))
-    template: str = field(default="horovod", metadata=_m(pattern=r"[A-Za-z0-9_./-]+",
-                                                         pattern_help="a template name"))
+    name: str = field(metadata=_m("job name", pattern=NAME, pattern_help=NAME_HELP))
+    template: str = field(default="horovod", metadata=_m(
+        pattern=TEMPLATE_NAME, pattern_help="a template name: letters, digits, _ . - (no /)"))
     launcher: Literal["mpirun", "srun"] = "mpirun"
-    output_dir: str = field(default="runs", metadata=_m("where run directories go, relative to "
-                                                        "the submit directory"))
+    output_dir: str = field(default="runs", metadata=_m(
+        "where run directories go, relative to the submit directory (it names the Slurm log in "
+        "the #SBATCH header, so only plain path characters)", pattern=PATH, pattern_help=PATH_HELP,
+        nonempty=True))
     resources: Resources = field(default_factory=Resources)
     env: dict[str, str] = field(default_factory=dict, metadata=_m(
         "environment for every rank", key_pattern=ENV_NAME,
-        key_help="not a valid environment variable name"))
+        key_help="not a valid environment variable name (letters, digits, _; at most 64)",
+        reserved_keys=reserved_env_name, values={"coerce": True}))
     train: Train = field(default_factory=Train)
 
     @property

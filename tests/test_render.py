@@ -19,8 +19,8 @@ def test_values_with_shell_metacharacters_stay_inert(tmp_path):
     """Run the rendered script's value lines in bash: the canary must never appear."""
     canary = tmp_path / "CANARY"
     evil = EVIL.format(canary=canary)
-    job = spec_from_dict({"name": "evil", "env": {"EVIL": evil}, "output_dir": f"o {evil}"
-                          .replace("\n", "")}, "test")
+    job = spec_from_dict({"name": "evil", "env": {"EVIL": evil},
+                          "train": {"checkpoint": {"dir": f"c {evil}"}}}, "test")
     script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
     # Execute everything up to the launch line with the launcher replaced by a harmless echo.
     head = script.split("\nmpirun ")[0]
@@ -29,9 +29,10 @@ def test_values_with_shell_metacharacters_stay_inert(tmp_path):
     subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, check=True,
                    env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"})
     assert not canary.exists()
-    run_dir = tmp_path / f"o {evil}" / "evil" / "7"
+    run_dir = tmp_path / "runs" / "evil" / "7"
     assert (run_dir / "evil.txt").read_text() == evil
-    assert json.loads((run_dir / "job.json").read_text())["env"]["EVIL"] == evil
+    written = json.loads((run_dir / "job.json").read_text())
+    assert written["env"]["EVIL"] == evil and written["train"]["checkpoint"]["dir"] == f"c {evil}"
 
 
 @pytest.mark.parametrize("field", ["env", "setup"])
