@@ -25,7 +25,7 @@ def expected_scripts(sbatch_dir: Path) -> dict[Path, str]:
     out = {}
     for spec in example_specs(sbatch_dir):
         r = resolve(str(spec), str(sbatch_dir / PROFILE), ambient=False)
-        out[spec.with_suffix(".sbatch")] = plan(r.job, r.profile, SearchPath.builtin_only()).script
+        out[spec.with_suffix(".sbatch")] = plan(r.job, r.profile, SearchPath.builtin_only(), r.locks).script
     return out
 
 

@@ -52,6 +52,10 @@ def lint(job: JobSpec, profile: SiteProfile) -> list[Finding]:
         out.append(Finding("warning", "resources.tasks_per_node",
                            f"{r.tasks_per_node} ranks per node but {r.gpus_per_node} GPUs per node; "
                            "Horovod expects one rank per GPU"))
+    if walltime_seconds(r.time) == 0 and not profile.allow_unlimited_time:
+        out.append(Finding("error", "resources.time",
+                           f"{r.time!r} means no time limit, which this site does not allow; "
+                           "give the walltime the job needs"))
     ck, pre = job.train.checkpoint, job.train.preemption
     if ck.enabled and not pre.lead_seconds:
         out.append(Finding("warning", "train.preemption.lead_seconds",
@@ -114,7 +118,7 @@ def validate_templates(path, names: list[str], specs: list[Path], profile_path: 
         for name in names:
             job = dataclasses.replace(resolved.job, template=name)
             try:
-                plan(job, resolved.profile, path)
+                plan(job, resolved.profile, path, resolved.locks)
             except UserError as e:
                 problems.append(f"{e} (rendering {spec.name})")
     return problems

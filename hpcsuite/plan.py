@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,11 +11,10 @@ from pathlib import Path
 from . import __version__
 from .launchers import LaunchContext, get_launcher
 from .profile import SiteProfile
+from .sbatch_header import HeaderError, check_fixed
 from .shell import Raw, join
 from .spec import JobSpec
 from .templating import SearchPath, render
-
-log = logging.getLogger(__name__)
 
 # Horovod reads these at hvd.init(); the template exports them for every rank.
 def horovod_environment(job: JobSpec) -> dict[str, str]:
@@ -58,7 +56,68 @@ class BatchRequest:
                 "run_root": self.run_root, "template": self.template, "workdir": self.workdir}
 
 
-def plan(job: JobSpec, profile: SiteProfile, path: SearchPath) -> BatchRequest:
+# The job keys that become #SBATCH options: key -> (option, its value for a job).
+HEADER_KEYS = {
+    "name": ("job-name", lambda job, root: job.name),
+    "resources.nodes": ("nodes", lambda job, root: str(job.resources.nodes)),
+    "resources.tasks_per_node": ("ntasks-per-node", lambda job, root: str(job.resources.tasks_per_node)),
+    "resources.cpus_per_task": ("cpus-per-task", lambda job, root: str(job.resources.cpus_per_task)),
+    "resources.gpus_per_node": ("gpus-per-node", lambda job, root: str(job.resources.gpus_per_node)
+                                if job.resources.gpus_per_node else None),
+    "resources.time": ("time", lambda job, root: job.resources.time),
+    "resources.partition": ("partition", lambda job, root: job.resources.partition),
+    "resources.mem": ("mem", lambda job, root: job.resources.mem),
+    "output_dir": ("output", lambda job, root: f"{root}/slurm-%j.out"),
+}
+PARTITION_OPTIONS = ("account", "qos", "reservation", "constraint")
+
+
+def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
+                  run_root: str) -> tuple[dict[str, str | None], dict[str, str]]:
+    """The #SBATCH options the site decides, with the value each must have, and why."""
+    fixed: dict[str, str | None] = {}
+    why: dict[str, str] = {}
+    for key, (option, value) in HEADER_KEYS.items():
+        lock = next((l for l in locks if key == l or key.startswith(l + ".")), None)
+        if lock:
+            fixed[option] = value(job, run_root)
+            why[option] = f"the site locks {lock}"
+    partition = profile.partitions.get(job.resources.partition or "")
+    for option in PARTITION_OPTIONS if partition else ():
+        if getattr(partition, option):
+            fixed[option] = getattr(partition, option)
+            why[option] = f"the site profile sets it for partition {job.resources.partition}"
+    return fixed, why
+
+
+def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
+                 run_root: str, source: str) -> None:
+    """Read the rendered header as sbatch will and refuse what breaks the site's rules."""
+    from .lint import walltime_seconds
+
+    fixed, why = fixed_options(job, profile, locks, run_root)
+    found = check_fixed(script, fixed, source, why)
+    got = found.get("time")
+    partition_name = found["partition"].value if "partition" in found else job.resources.partition
+    partition = profile.partitions.get(partition_name or "")
+    if got is None:
+        return
+    try:
+        seconds = walltime_seconds(got.value or "")
+    except ValueError:
+        raise HeaderError(f"{source}:{got.line}: #SBATCH --time={got.value[:40]!r} is not a time "
+                          "hpcsuite can check against the site's limits") from None
+    if seconds == 0 and not profile.allow_unlimited_time:
+        raise HeaderError(f"{source}:{got.line}: #SBATCH --time={got.value} asks for no time limit, "
+                          "which this site does not allow")
+    if partition and partition.max_time and seconds > walltime_seconds(partition.max_time):
+        raise HeaderError(f"{source}:{got.line}: #SBATCH --time={got.value} is longer than "
+                          f"partition {partition_name} allows ({partition.max_time})")
+
+
+def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
+         locks: tuple[str, ...] = ()) -> BatchRequest:
+    """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks)."""
     environment = {**horovod_environment(job), **job.env}
     command = [profile.interpreter(), "-m", "hpcsuite", "train", "--job", Raw('"$RUN_DIR/job.json"')]
     ctx = LaunchContext(job=job, mpi=profile.mpi, command=tuple(command),
@@ -87,6 +146,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath) -> BatchRequest:
         "forward_signals": job.train.checkpoint.enabled,
     }
     script = render(path, job.template, context)
+    check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)")
     return BatchRequest(job=job, script=script, sbatch_argv=["sbatch", "--parsable"],
                         run_root=run_root, template=str(template_file))
 
@@ -122,5 +182,7 @@ def submit(request: BatchRequest) -> Submitted:
         "workdir": request.workdir, "template": request.template,
         "sbatch_argv": [*request.sbatch_argv, str(script_path)],
     }, indent=2) + "\n")
-    log.info("submitted job %s, run directory %s", job_id, run_dir)
+    import logging
+
+    logging.getLogger(__name__).info("submitted job %s, run directory %s", job_id, run_dir)
     return Submitted(job_id=job_id, run_dir=str(run_dir), script_path=str(script_path))

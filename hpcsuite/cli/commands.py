@@ -22,7 +22,7 @@ def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()
     r = resolve(spec, profile_path, sets)
     for warning in enforce(lint(r.job, r.profile), spec):
         click.echo(f"{spec}: {warning}", err=True)
-    return plan(r.job, r.profile, SearchPath.default(template_dir))
+    return plan(r.job, r.profile, SearchPath.default(template_dir), r.locks)
 
 
 @main.command()
