@@ -3,9 +3,17 @@
 Site, user and project layers are profile files (YAML) that hold site-profile keys
 (:class:`~hpcsuite.profile.SiteProfile`), ``env`` (environment for every rank: a shorthand for
 ``defaults.env``), ``defaults`` (any job-spec keys) and, in the site layer only, ``locked``: job
-keys no later layer may change. Every layer is validated on its own, so an error names the
-file that holds the bad key; then layers are merged key by key, remembering which layer set
-each value (``hpcsuite config show --origin``).
+keys (``resources.partition``) and profile keys (``site.python``) no later layer may change.
+Every layer is validated on its own, so an error names the file that holds the bad key; then
+layers are merged key by key, remembering which layer set each value (``hpcsuite config show
+--origin``).
+
+What a site profile says holds at every layer: the keys that describe the cluster
+(:data:`SITE_ONLY`: partitions with their accounts, QOS and time limits, MPI arguments,
+``module_init``) are the site's alone once a site profile is in force; its ``modules`` and
+``setup`` lines are always kept (user and project layers add to them, :data:`APPENDED`); and a
+site that sets ``pinned: true`` in ``/etc/hpcsuite/profile.yaml`` cannot be swapped out by
+``--profile``, ``HPCSUITE_PROFILE`` or ``HPCSUITE_SITE_DIR``.
 """
 
 from __future__ import annotations
@@ -18,13 +26,21 @@ from typing import Any, Iterable
 
 import yaml
 
-from .errors import ConfigError, UserError, close_match
+from .errors import ConfigError, UserError, close_match, show
 from .profile import SiteProfile
 from .schema import build, convert, key_paths, read_yaml, to_dict
+from .strict_yaml import Ambiguous, StrictYAMLError, load
 from .spec import JobSpec, spec_from_dict
 
 PROFILE_FILE = "profile.yaml"
 LAYER_EXTRAS = ("defaults", "env", "locked")
+# Where a site pins its profile. A constant, not a setting: nothing a user controls moves it.
+SYSTEM_DIR = Path("/etc/hpcsuite")
+# Profile keys that describe the cluster: once a site profile is in force, only it sets them.
+SITE_ONLY = ("name", "contact", "pinned", "allow_unlimited_time", "module_init", "partitions",
+             "mpi")
+# Profile lists that later layers add to and never replace: the site's lines always run.
+APPENDED = ("modules", "module_paths", "setup")
 
 
 @dataclass(frozen=True)
@@ -47,11 +63,68 @@ class Resolved:
     origins: dict[str, str]   # dotted key -> layer label ("job.resources.nodes": "spec (x.yaml)")
     layers: tuple[Layer, ...]
 
+    @property
+    def locks(self) -> tuple[str, ...]:
+        """Every locked key, job keys as written (``resources.partition``), profile keys with
+        ``site.``; the site-only profile keys are included when a site profile is in force."""
+        return locked_keys(self.layers)
+
+
+def locked_keys(layers: Iterable[Layer]) -> tuple[str, ...]:
+    out: list[str] = []
+    for layer in layers:
+        if layer.name == "site":
+            out += [*layer.locked, *(f"site.{k}" for k in SITE_ONLY)]
+    return tuple(dict.fromkeys(out))
+
+
+def is_locked(key: str, locks: Iterable[str]) -> bool:
+    """Whether ``job.X``/``site.X`` (a `config show` key) is covered by a lock."""
+    for lock in locks:
+        full = lock if lock.startswith("site.") else f"job.{lock}"
+        if _covers(full, key):
+            return True
+    return False
+
 
 # ---------------------------------------------------------------------- layer files
 
+@dataclass(frozen=True)
+class SiteLocation:
+    profile: Path | None   # the site profile file in force, if any
+    dir: Path              # the site directory (its templates/ are on the search path)
+    pinned: bool
+
+
+def site_location(profile_path: str | None = None) -> SiteLocation:
+    """Where the site profile and templates are. A pinned system profile wins over
+    ``--profile``/``HPCSUITE_PROFILE`` and ``HPCSUITE_SITE_DIR``, which are then refused."""
+    system = SYSTEM_DIR / PROFILE_FILE
+    if _is_file(system) and read_yaml(str(system)).get("pinned") is True:
+        if profile_path and Path(profile_path).absolute() != system:
+            raise UserError(f"--profile/HPCSUITE_PROFILE: this site pins its profile at {system} "
+                            "(pinned: true); another site profile cannot be used")
+        env_dir = os.environ.get("HPCSUITE_SITE_DIR")
+        if env_dir and Path(env_dir).absolute() != SYSTEM_DIR:
+            raise UserError(f"HPCSUITE_SITE_DIR: this site pins its profile at {system} "
+                            "(pinned: true); unset HPCSUITE_SITE_DIR")
+        return SiteLocation(system, SYSTEM_DIR, True)
+    directory = Path(os.environ.get("HPCSUITE_SITE_DIR") or SYSTEM_DIR)
+    if profile_path:
+        return SiteLocation(Path(profile_path), directory, False)
+    found = directory / PROFILE_FILE
+    return SiteLocation(found if _is_file(found) else None, directory, False)
+
+
 def site_dir() -> Path:
-    return Path(os.environ.get("HPCSUITE_SITE_DIR") or "/etc/hpcsuite")
+    return site_location().dir
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError as e:   # a name too long, a permission denied on the way
+        raise UserError(f"{path}: {e.strerror}") from None
 
 
 def user_dir() -> Path:
@@ -76,13 +149,18 @@ def _defaults(cls) -> dict:
     return out
 
 
-def load_profile_layer(name: str, path: str) -> Layer:
+def load_profile_layer(name: str, path: str, site: str | None = None) -> Layer:
+    """One profile file as a layer; ``site``: the site profile in force below it, if any."""
     data = read_yaml(path)
     valid = [f.name for f in dataclasses.fields(SiteProfile)] + list(LAYER_EXTRAS)
     for key in data:
         if key not in valid:
-            raise ConfigError(path, str(key), f"unknown key{close_match(str(key), valid)}; "
-                                              f"valid keys: {', '.join(sorted(valid))}")
+            key = str(key)[:64]
+            raise ConfigError(path, key, f"unknown key{close_match(key, valid)}; "
+                                         f"valid keys: {', '.join(sorted(valid))}")
+        if site and name != "site" and key in SITE_ONLY:
+            raise ConfigError(path, key, f"only the site profile ({site}) sets {key}; it "
+                                         "describes the cluster")
     extras = {k: data.pop(k) for k in LAYER_EXTRAS if k in data}
     profile = build(SiteProfile, data, path, partial=True)
     job = build(JobSpec, extras.get("defaults") or {}, path, "defaults", partial=True)
@@ -96,7 +174,10 @@ def load_profile_layer(name: str, path: str) -> Layer:
             raise ConfigError(path, "locked", "only the site profile can lock keys")
         locked = tuple(convert(list[str], extras["locked"], path, "locked"))
         for i, key in enumerate(locked):
-            check_job_key(key, path, f"locked[{i}]")
+            if key.startswith("site."):
+                check_profile_key(key[5:], path, f"locked[{i}]")
+            else:
+                check_job_key(key, path, f"locked[{i}]")
     return Layer(name, path, job, profile, locked)
 
 
@@ -104,7 +185,15 @@ def check_job_key(key: str, source: str, where: str) -> None:
     valid = key_paths(JobSpec)
     if key in valid or (key.startswith("env.") and key[4:].isidentifier()):
         return
-    raise ConfigError(source, where, f"{key!r} is not a job key{close_match(key, valid)}")
+    raise ConfigError(source, where, f"{show(key)} is not a job key{close_match(key, valid)}")
+
+
+def check_profile_key(key: str, source: str, where: str) -> None:
+    valid = key_paths(SiteProfile)
+    if key in valid or (key.startswith("partitions.") and key.count(".") >= 1):
+        return
+    raise ConfigError(source, where, f"{show('site.' + key)} is not a site profile key"
+                                     f"{close_match(key, valid)}")
 
 
 def set_layer(assignments: Iterable[str]) -> Layer:
@@ -116,13 +205,13 @@ def set_layer(assignments: Iterable[str]) -> Layer:
             raise UserError(f"--set: expected KEY=VALUE, got {item!r}")
         check_job_key(key, "--set", key)
         try:
-            value = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
+            value = load(text) if text else ""
+        except (yaml.YAMLError, StrictYAMLError):
             value = text
         if isinstance(value, (dict, list)):
             raise ConfigError("--set", key, "a single value is expected, not a mapping or list")
-        if key.startswith("env.") or value is None:
-            value = text
+        if key.startswith("env.") or value is None or isinstance(value, Ambiguous):
+            value = text   # on a command line 10:00 is the text the user typed
         _put(data, key, value)
     return Layer("set", "--set", build(JobSpec, data, "--set", partial=True), {})
 
@@ -132,12 +221,17 @@ def discover(spec_path: str | None, profile_path: str | None = None, sets: Itera
     """The layers in force, lowest first. ``profile_path`` replaces the site profile file;
     ``ambient=False`` ignores the site, user and project files found on this machine."""
     layers = [builtin_layer()]
-    site = Path(profile_path) if profile_path else site_dir() / PROFILE_FILE
-    if profile_path or (ambient and site.is_file()):
+    site = None
+    if ambient:
+        site = site_location(profile_path).profile
+    elif profile_path:
+        site = Path(profile_path)
+    if site is not None:
         layers.append(load_profile_layer("site", str(site)))
     for name, d in (("user", user_dir()), ("project", project_dir(cwd))):
-        if ambient and (d / PROFILE_FILE).is_file():
-            layers.append(load_profile_layer(name, str(d / PROFILE_FILE)))
+        if ambient and _is_file(d / PROFILE_FILE):
+            layers.append(load_profile_layer(name, str(d / PROFILE_FILE),
+                                             str(site) if site else None))
     if spec_path:
         layers.append(Layer("spec", spec_path, build(JobSpec, read_yaml(spec_path), spec_path,
                                                      partial=True), {}))
@@ -153,20 +247,28 @@ def merge(layers: list[Layer]) -> tuple[dict, dict, dict[str, str]]:
     job: dict = {}
     profile: dict = {}
     origins: dict[str, str] = {}
-    locks: dict[str, tuple[Layer, dict]] = {}
+    locks: dict[str, tuple[Layer, dict]] = {}   # lock -> (site layer, configuration then)
     for layer in layers:
-        for key, value in _leaves(layer.job):
+        changes = [(key, value) for key, value in _leaves(layer.job)]
+        changes += [(f"site.{key}", value) for key, value in _leaves(layer.profile)]
+        for key, value in changes:
             for lock, (site, frozen) in locks.items():
-                if _covers(lock, key) and _get(frozen, key, _MISSING) != value:
+                if _covers(lock, key) and _changes(key, value, frozen):
                     contact = site.profile.get("contact")
                     hint = f"talk to {contact}" if contact else "talk to your site's HPC support"
                     raise ConfigError(layer.source, key, f"the site fixes {lock} (in {site.source}); "
                                                          f"{hint} to change it")
         _deep_merge(job, layer.job, origins, "job", layer.label)
-        _deep_merge(profile, layer.profile, origins, "site", layer.label)
+        _deep_merge(profile, layer.profile, origins, "site", layer.label, append=APPENDED)
         for lock in layer.locked:
-            locks[lock] = (layer, _snapshot(job))
+            locks[lock] = (layer, {**_snapshot(job), "site": _snapshot(profile)})
     return job, profile, origins
+
+
+def _changes(key: str, value: Any, frozen: dict) -> bool:
+    if key.startswith("site.") and key[5:] in APPENDED:
+        return bool(value)   # adding lines to a locked list changes it
+    return _get(frozen, key, _MISSING) != value
 
 
 def resolve(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),
@@ -179,10 +281,12 @@ def resolve(spec_path: str | None, profile_path: str | None = None, sets: Iterab
 
 
 def merged_view(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),
-                cwd: Path | None = None) -> tuple[dict, dict[str, str]]:
-    """Merged configuration without requiring a complete job (for `config show`)."""
-    job, profile, origins = merge(discover(spec_path, profile_path, sets, cwd))
-    return {"job": job, "site": profile}, origins
+                cwd: Path | None = None) -> tuple[dict, dict[str, str], tuple[str, ...]]:
+    """Merged configuration without requiring a complete job (for `config show`), with the
+    locked keys."""
+    layers = discover(spec_path, profile_path, sets, cwd)
+    job, profile, origins = merge(layers)
+    return {"job": job, "site": profile}, origins, locked_keys(layers)
 
 
 _MISSING = object()
@@ -221,10 +325,17 @@ def _snapshot(tree: dict) -> dict:
     return {k: _snapshot(v) if isinstance(v, dict) else v for k, v in tree.items()}
 
 
-def _deep_merge(into: dict, new: dict, origins: dict[str, str], prefix: str, label: str) -> None:
+def _deep_merge(into: dict, new: dict, origins: dict[str, str], prefix: str, label: str,
+                append: tuple[str, ...] = ()) -> None:
     for key, value in new.items():
         path = f"{prefix}.{key}"
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
+        if key in append and isinstance(value, list) and into.get(key):
+            if not value:
+                continue
+            old = into[key]
+            into[key] = old + ([v for v in value if v not in old] if key != "setup" else value)
+            origins[path] = f"{origins[path]} + {label}" if path in origins else label
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
             if value:
                 origins.pop(path, None)   # the container's own origin gives way to its keys
                 _deep_merge(into[key], value, origins, path, label)

@@ -12,8 +12,10 @@ def config():
     """Inspect layered configuration.
 
     Layers, lowest first: built-in, site ($HPCSUITE_SITE_DIR/profile.yaml, else
-    /etc/hpcsuite/profile.yaml, or --profile), user (~/.config/hpcsuite/profile.yaml),
-    project (./.hpcsuite/profile.yaml), the job spec, and --set.
+    /etc/hpcsuite/profile.yaml, or --profile; a profile in /etc/hpcsuite with pinned: true
+    cannot be replaced), user (~/.config/hpcsuite/profile.yaml), project
+    (./.hpcsuite/profile.yaml), the job spec, and --set. Keys the site locks, and the keys
+    that describe the cluster (partitions, mpi, module_init), no later layer can change.
     """
 
 
@@ -21,23 +23,26 @@ def config():
 @click.argument("spec", required=False, type=click.Path(dir_okay=False))
 @profile_option
 @set_option
-@click.option("--origin", is_flag=True, help="Show which layer set each value.")
+@click.option("--origin", is_flag=True,
+              help="Show which layer set each value, and mark the values the site locks.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(spec, profile_path, sets, origin, as_json):
     """Print the merged configuration (of SPEC, if given)."""
-    from ..config import merged_view, resolve
+    from ..config import is_locked, merged_view, resolve
 
     if spec:
         resolve(spec, profile_path, sets)  # a complete job must validate
-    view, origins = merged_view(spec, profile_path, sets)
+    view, origins, locks = merged_view(spec, profile_path, sets)
     if as_json:
-        emit_json({"config": view, "origins": origins} if origin else view)
+        locked = sorted(k for k in origins if is_locked(k, locks))
+        emit_json({"config": view, "origins": origins, "locked": locked} if origin else view)
         return
     if origin:
         width = max(len(k) for k in origins)
         for key in sorted(origins):
             value = _lookup(view, key)
-            click.echo(f"{key:{width}}  {_fmt(value):30}  # {origins[key]}")
+            mark = "  [locked]" if is_locked(key, locks) else ""
+            click.echo(f"{key:{width}}  {_fmt(value):30}  # {origins[key]}{mark}")
         return
     import yaml
 
