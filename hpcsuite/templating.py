@@ -12,26 +12,52 @@ needs (``sbatch``, ``modules``, ``setup``, ``environment``, ``launch``).
 Every ``{{ expression }}`` is shell-quoted on output (Jinja's ``finalize`` hook), the way
 HTML templates autoescape: a template author cannot forget to quote, and a value cannot
 inject shell. Code that builds trusted fragments (an argv already joined) marks them Raw.
+
+Templates render in Jinja's sandbox: a user or project template can arrange text, not run
+Python (no ``__class__``/``__globals__`` walks, no mutation of the objects it is given). Every
+failure while loading or rendering, whatever raised it, becomes one line naming the template
+file and line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import jinja2
 import jinja2.runtime
+import jinja2.sandbox
 
-from .errors import UserError, close_match
+from .errors import UserError, close_match, show
 from .shell import Raw, Rendered, quote
 
 SUFFIX = ".sbatch.j2"
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")   # as spec.TEMPLATE_NAME
+
+
+def check_name(name: str) -> str:
+    """A template name is a file name in one directory: no '/', no '..', not too long."""
+    if not NAME.fullmatch(name):
+        raise UserError(f"template name {show(name)} is not valid: letters, digits, _ . - "
+                        "(no /), starting with a letter, digit or _, at most 100 characters")
+    return name
+
+
+def _is(path: Path, test: str) -> bool:
+    try:
+        return getattr(path, test)()
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror}") from None
 
 
 def builtin_dir() -> Path:
-    return Path(str(resources.files("hpcsuite.templates")))
+    # The package's own directory (templates/ in the source tree, hpcsuite/templates in a
+    # wheel); importlib.resources would cost a login-node command its zipfile import.
+    import hpcsuite.templates
+
+    return Path(hpcsuite.templates.__file__).parent
 
 
 @dataclass(frozen=True)
@@ -40,9 +66,11 @@ class SearchPath:
 
     @classmethod
     def default(cls, template_dir: str | None = None, cwd: Path | None = None) -> "SearchPath":
+        from .config import site_dir
+
         cwd = cwd or Path.cwd()
         config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-        site = os.environ.get("HPCSUITE_SITE_DIR") or "/etc/hpcsuite"
+        site = site_dir()
         dirs = []
         if template_dir:
             dirs.append(("cli", Path(template_dir).absolute()))
@@ -57,27 +85,29 @@ class SearchPath:
         return cls((("builtin", builtin_dir()),))
 
     def existing(self) -> list[Path]:
-        return [d for _, d in self.dirs if d.is_dir()]
+        return [d for _, d in self.dirs if _is(d, "is_dir")]
 
     def names(self) -> list[str]:
         found = set()
         for d in self.existing():
             found.update(p.name[: -len(SUFFIX)] for p in d.glob(f"*{SUFFIX}"))
-        return sorted(found)
+        return sorted(n for n in found if NAME.fullmatch(n))
 
     def candidates(self, name: str) -> list[tuple[str, Path]]:
         """Every (layer, file) that provides ``name``, winner first."""
+        check_name(name)
         return [(layer, d / f"{name}{SUFFIX}") for layer, d in self.dirs
-                if (d / f"{name}{SUFFIX}").is_file()]
+                if _is(d / f"{name}{SUFFIX}", "is_file")]
 
     def describe(self) -> str:
-        return "\n".join(f"{i}. {layer:8} {d}{'' if d.is_dir() else '  (absent)'}"
+        return "\n".join(f"{i}. {layer:8} {d}{'' if _is(d, 'is_dir') else '  (absent)'}"
                          for i, (layer, d) in enumerate(self.dirs, 1))
 
     def which(self, name: str) -> Path:
+        check_name(name)
         for d in self.existing():
             path = d / f"{name}{SUFFIX}"
-            if path.is_file():
+            if _is(path, "is_file"):
                 return path
         names = self.names()
         raise UserError(f"template {name!r} not found{close_match(name, names)}; available: "
@@ -126,9 +156,15 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return jinja2.FileSystemBytecodeCache(str(root)) if os.access(root, os.W_OK) else None
 
 
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's sandbox, with the shell-aware context (``super()`` stays unquoted)."""
+
+    context_class = _ShellContext
+
+
 def environment(path: SearchPath) -> jinja2.Environment:
-    by_layer = {layer: jinja2.FileSystemLoader(str(d)) for layer, d in path.dirs if d.is_dir()}
-    env = jinja2.Environment(
+    by_layer = {layer: jinja2.FileSystemLoader(str(d)) for layer, d in path.dirs if _is(d, "is_dir")}
+    env = _Sandbox(
         bytecode_cache=_bytecode_cache(),
         # Plain names resolve through the search path; "LAYER/name" reaches one layer, so a
         # template can extend the very template it overrides.
@@ -143,41 +179,88 @@ def environment(path: SearchPath) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.context_class = _ShellContext
     env.filters["raw_env_name"] = lambda s: Raw(s) if s.isidentifier() else quote(s)
     return env
 
 
 def render(path: SearchPath, name: str, context: dict) -> str:
-    """Render template ``name`` with ``context``; errors name the template file and line."""
+    """Render template ``name`` with ``context``; every error names the template file and line."""
     template_file = path.which(name)
     env = environment(path)
     try:
         template = env.get_template(template_file.name)
         return template.render(**context)
+    except UserError:
+        raise
     except jinja2.TemplateSyntaxError as e:
-        raise UserError(f"{e.filename or template_file}:{e.lineno}: template syntax error: {e.message}") from None
+        raise UserError(f"{e.filename or template_file}:{e.lineno}: template syntax error: "
+                        f"{_one_line(e.message)}") from None
     except jinja2.UndefinedError as e:
-        raise UserError(f"{_where(e, template_file)}: undefined variable: {e.message}") from None
+        raise UserError(f"{_where(e, template_file)}: undefined variable: {_one_line(e.message)}") from None
+    except jinja2.sandbox.SecurityError as e:
+        raise UserError(f"{_where(e, template_file)}: not allowed in a template: {_one_line(e)}") from None
+    except jinja2.TemplateNotFound as e:
+        raise UserError(f"{_where(e, template_file)}: template not found: {show(e.name)}") from None
     except jinja2.TemplateError as e:
-        raise UserError(f"{_where(e, template_file)}: template error: {e}") from None
+        raise UserError(f"{_where(e, template_file)}: template error: {_one_line(e)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{_loading(template_file)}: not UTF-8 text") from None
     except RecursionError:
-        raise UserError(f"{template_file}: the template extends itself; to extend the built-in "
-                        f'one write {{% extends "builtin/{template_file.name}" %}}') from None
+        raise UserError(f"{template_file}: the template extends or includes itself; to extend the "
+                        f'built-in one write {{% extends "builtin/{template_file.name}" %}}') from None
+    except OSError as e:
+        raise UserError(f"{_where(e, template_file)}: cannot read a template: {e.strerror}") from None
+    except Exception as e:  # noqa: BLE001 - a template's own mistake (1/0, "a" + 1, ...)
+        raise UserError(f"{_where(e, template_file)}: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def _one_line(message: object, limit: int = 200) -> str:
+    text = " ".join(str(message).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _loading(fallback: Path) -> str:
+    """The template file being read when a decode error struck (Jinja's loader frame)."""
+    import sys
+
+    tb = sys.exc_info()[2]
+    where = str(fallback)
+    while tb is not None:
+        filename = tb.tb_frame.f_locals.get("filename")
+        if isinstance(filename, str) and filename.endswith(SUFFIX):
+            where = filename
+        tb = tb.tb_next
+    return where
 
 
 def eject(path: SearchPath, name: str, to_dir: Path, force: bool = False) -> Path:
-    """Copy the built-in template ``name`` into ``to_dir`` as a starting point."""
+    """Copy the built-in template ``name`` into ``to_dir`` as a starting point.
+
+    Never writes through a symlink: with ``force`` the copy is written beside the target and
+    renamed over it, replacing a link itself rather than the file it points to."""
+    check_name(name)
     source = builtin_dir() / f"{name}{SUFFIX}"
     if not source.is_file():
         names = SearchPath.builtin_only().names()
         raise UserError(f"no built-in template {name!r}{close_match(name, names)}; "
                         f"built-in templates: {', '.join(names)}")
     target = Path(to_dir) / source.name
-    if target.exists() and not force:
-        raise UserError(f"{target} already exists; use --force to overwrite it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(source.read_text())
+    if os.path.lexists(target):
+        if not force:
+            raise UserError(f"{target} already exists; use --force to overwrite it")
+        if os.path.isdir(target) and not os.path.islink(target):
+            raise UserError(f"{target} is a directory; not overwriting it")
+    staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(source.read_text(encoding="utf-8"))
+        os.replace(staged, target)
+    except OSError as e:
+        if os.path.lexists(staged) and not os.path.islink(staged):
+            os.unlink(staged)
+        raise UserError(f"{e.filename or target}: cannot write the template: {e.strerror}") from None
     return target
 
 
