@@ -75,6 +75,10 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! "$PY" -c 'import hpcsuite
   pip_q -e "$REPO[test]"
   echo "$sum" > "$stamp"
 fi
+# Byte-compile hpcsuite as a wheel install would: an editable install under
+# PYTHONDONTWRITEBYTECODE=1 otherwise recompiles every module on every login-node command.
+# Only changed files are recompiled, so this is quick when nothing changed.
+"$PY" -m compileall -q "$REPO/hpcsuite" "$REPO/models" "$REPO/templates" "$REPO/sbatch" >/dev/null
 
 # ---------------------------------------------------------------- Horovod
 mpi_version=$(mpirun --version 2>/dev/null | head -n1 | awk '{print $NF}')

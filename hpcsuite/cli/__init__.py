@@ -6,7 +6,6 @@ Nothing here imports torch, tensorflow or horovod: login-node commands stay fast
 from __future__ import annotations
 
 import json
-import logging
 
 import click
 
@@ -14,21 +13,40 @@ from .. import __version__
 from ..errors import JobFailed, UserError
 
 
+INTERNAL_ERROR = 70   # EX_SOFTWARE: a bug in hpcsuite, not in the user's input
+
+
 class Group(click.Group):
-    """Turns UserError into `error: ...` and exit code 2, never a traceback."""
+    """Turns UserError into `error: ...` and exit code 2, never a traceback.
+
+    A file the system will not let us read or write is the user's environment (exit 2, the
+    file named); anything else is a bug in hpcsuite, reported in one line (exit 70) with the
+    traceback only under HPCSUITE_DEBUG=1."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except UserError as e:
-            click.echo(f"error: {e}", err=True)
-            ctx.exit(e.exit_code)
-        except JobFailed as e:
+        except (UserError, JobFailed) as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            ctx.exit(UserError.exit_code)
+        except Exception as e:  # noqa: BLE001 - the last line of defence against a traceback
+            import os
+
+            if os.environ.get("HPCSUITE_DEBUG"):
+                raise
+            text = " ".join(str(e).split())[:200]
+            click.echo(f"error: internal error in hpcsuite ({type(e).__name__}: {text}); please "
+                       "report it, with HPCSUITE_DEBUG=1 for the traceback", err=True)
+            ctx.exit(INTERNAL_ERROR)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,8 +62,12 @@ def main(verbose: int) -> None:
       hpcsuite submit sbatch/quickstart.yaml --wait
       hpcsuite status JOBID / logs JOBID / cancel JOBID
     """
-    level = logging.WARNING - 10 * verbose
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+    if verbose:   # logging costs a login-node command ~10 ms to import; only when asked for
+        import logging
+
+        level = logging.WARNING - 10 * verbose
+        logging.basicConfig(level=max(level, logging.DEBUG),
+                            format="%(levelname)s %(name)s: %(message)s")
 
 
 def emit_json(data: object) -> None:
