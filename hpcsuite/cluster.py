@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 16817        # slurmctld; slurmd of node i listens on DEFAULT_PORT + i
 NODES = ("node1", "node2")
 PARTITION = "debug"
+# A second partition on the same nodes: what a site's partition lock keeps jobs out of (tests).
+OTHER_PARTITION = "other"
 
 
 def cluster_dir() -> Path:
@@ -134,6 +136,8 @@ class LocalCluster:
             lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
                          f"Port={self.port + i + 1} CPUs=1 State=UNKNOWN")
         lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
+                     "MaxTime=INFINITE State=UP")
+        lines.append(f"PartitionName={OTHER_PARTITION} Nodes={','.join(NODES)} Default=NO "
                      "MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
