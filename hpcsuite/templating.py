@@ -136,13 +136,74 @@ class _ShellContext(jinja2.runtime.Context):
         return _Block(ref) if isinstance(ref, jinja2.runtime.BlockReference) else ref
 
 
+# While rendering, every {{ value }} is emitted as OPEN quoted MID raw CLOSE: the script body
+# gets the shell-quoted form, an #SBATCH line the raw one, which must then be a plain word for
+# sbatch's tokeniser (shell quoting means nothing to it, and bash reads those lines as
+# comments). NUL never comes from a value (quote() refuses it), so text holding a marker is
+# template output, passed through like super().
+_OPEN, _MID, _CLOSE = "\0<", "\0|", "\0>"
+_SPACE = " \t\n\v\f\r"
+# Characters sbatch's tokeniser gives meaning to in an #SBATCH line (see sbatch_header.py).
+_HEADER_UNSAFE = set(_SPACE) | set("'\"\\#")
+
+
+class _Refused(Exception):
+    """A value the finalize hook will not emit (newline, NUL)."""
+
+
 def _finalize(value: object) -> str:
     if value is None:
         return ""
+    if isinstance(value, Rendered) or (isinstance(value, str) and _OPEN in value):
+        return str(value)   # output of a block or macro, already rendered under these rules
     try:
-        return quote(value)
+        quoted = quote(value)
     except ValueError as e:
-        raise UserError(f"refusing to render: {e}") from None
+        raise _Refused(str(e)) from None
+    raw = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return f"{_OPEN}{quoted}{_MID}{raw}{_CLOSE}"
+
+
+def _unmark(text: str, template_file: Path) -> str:
+    """The finished script: values quoted in the body, raw in #SBATCH lines, where a value
+    that is not one plain word for sbatch is refused."""
+    if "\0" not in text:
+        return text
+    lines = text.split("\n")
+    header = True
+    for n, line in enumerate(lines):
+        if "\0" not in line and not header:
+            continue
+        parts = []   # literal text and (quoted, raw) values
+        rest = line
+        while _OPEN in rest:
+            before, _, rest = rest.partition(_OPEN)
+            quoted, mid, rest = rest.partition(_MID)
+            raw, close, rest = rest.partition(_CLOSE)
+            if not (mid and close) or _OPEN in quoted or _OPEN in raw:
+                raise UserError(f"{template_file}: rendered line {n + 1}: a value's text was "
+                                "cut apart while rendering (by a filter on rendered output?)")
+            parts += [before, (quoted, raw)]
+        parts.append(rest)
+        body = "".join(p if isinstance(p, str) else p[0] for p in parts)
+        if "\0" in "".join(p for p in parts if isinstance(p, str)):
+            raise UserError(f"{template_file}: rendered line {n + 1}: the template produces a NUL "
+                            "character")
+        if header and body.startswith(("#SBATCH", "#SLURM")):
+            for p in parts:
+                bad = [c for c in p[1] if c in _HEADER_UNSAFE] if not isinstance(p, str) else []
+                if bad:
+                    raise UserError(
+                        f"{template_file}: rendered line {n + 1}: the value {show(p[1], 60)} in "
+                        f"an #SBATCH line holds {bad[0]!r}; sbatch reads its header with its own "
+                        "tokeniser, not the shell's, so only plain words (no spaces, quotes, "
+                        "backslashes or #) may go there")
+            lines[n] = "".join(p if isinstance(p, str) else p[1] for p in parts)
+            continue
+        if header and body.lstrip(_SPACE) and not body.lstrip(_SPACE).startswith("#"):
+            header = False   # the first command ends sbatch's header
+        lines[n] = body
+    return "\n".join(lines)
 
 
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
@@ -189,9 +250,11 @@ def render(path: SearchPath, name: str, context: dict) -> str:
     env = environment(path)
     try:
         template = env.get_template(template_file.name)
-        return template.render(**context)
+        text = template.render(**context)
     except UserError:
         raise
+    except _Refused as e:
+        raise UserError(f"{_where(e, template_file)}: refusing to render: {e}") from None
     except jinja2.TemplateSyntaxError as e:
         raise UserError(f"{e.filename or template_file}:{e.lineno}: template syntax error: "
                         f"{_one_line(e.message)}") from None
@@ -212,6 +275,7 @@ def render(path: SearchPath, name: str, context: dict) -> str:
         raise UserError(f"{_where(e, template_file)}: cannot read a template: {e.strerror}") from None
     except Exception as e:  # noqa: BLE001 - a template's own mistake (1/0, "a" + 1, ...)
         raise UserError(f"{_where(e, template_file)}: {type(e).__name__}: {_one_line(e)}") from None
+    return _unmark(text, template_file)
 
 
 def _one_line(message: object, limit: int = 200) -> str:

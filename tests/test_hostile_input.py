@@ -208,6 +208,8 @@ def test_template_name_too_long_or_escaping(work):
             assert result.exit_code == 2 and "template name" in result.output, (args, result.output)
     (work / "job.yaml").write_text("name: a\n")
     result = cli("render", str(work / "job.yaml"), "--template-dir", "d" * 5000)
+    assert result.exit_code == 2 and "not a usable file name" in result.output
+    result = cli("render", str(work / "job.yaml"), "--template-dir", "d" * 300)
     assert result.exit_code == 2 and "File name too long" in result.output
 
 
@@ -265,3 +267,44 @@ def test_unexpected_errors_are_one_line_not_a_traceback(work, monkeypatch):
     assert result.exit_code == 70
     assert result.output.startswith("error: internal error in hpcsuite (RuntimeError: simulated bug)")
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("line", [
+    "#SBATCH --comment={{ job.env.NOTE }}",
+    "#SBATCH --comment=x{{ job.env.NOTE }}",
+    "#SBATCH {{ job.env.NOTE }}",
+    "{{ job.env.NOTE }}",
+])
+def test_a_value_that_needs_quoting_never_reaches_an_sbatch_line(work, line):
+    """Shell quoting protects the body, not the header: a template that puts a value into an
+    #SBATCH line gets it only if sbatch would read it as one plain word."""
+    project_template(work, '{% extends "builtin/horovod.sbatch.j2" %}\n'
+                           "{% block sbatch %}" + line + "\n{{ super() }}{% endblock %}\n")
+    evil = "\\'' --partition=other #'"
+    (work / "job.yaml").write_text(f"name: a\nenv: {{NOTE: \"{evil}\"}}\n".replace("\\", "\\\\"))
+    result = cli("render", str(work / "job.yaml"))
+    if line.startswith("#SBATCH"):
+        assert result.exit_code == 2, result.output
+        assert "in an #SBATCH line holds" in result.output
+        assert "sbatch reads its header with its own tokeniser" in result.output
+    else:
+        # On its own line the quoted value is a shell command: the header has ended there.
+        assert result.exit_code == 0, result.output
+        from hpcsuite.sbatch_header import parse_header
+
+        assert [o.name for o in parse_header(result.output)] == []
+    if "--comment" in line:
+        (work / "job.yaml").write_text("name: a\nenv: {NOTE: plain-word_1.0}\n")
+        result = cli("render", str(work / "job.yaml"))
+        assert result.exit_code == 0 and "plain-word_1.0\n" in result.output
+
+
+def test_literal_header_lines_of_a_parent_block_stay_literal(work):
+    project_template(work, '{% extends "builtin/horovod.sbatch.j2" %}\n'
+                           "{% block sbatch %}{{ super() }}#SBATCH --comment=\"site note\"\n"
+                           "{% endblock %}\n")
+    (work / "job.yaml").write_text("name: a\ntrain: {preemption: {requeue: true}, "
+                                   "checkpoint: {every_steps: 5}}\n")
+    result = cli("render", str(work / "job.yaml"))
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --requeue\n" in result.output
