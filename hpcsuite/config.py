@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from .errors import ConfigError, UserError, close_match, show
+from .errors import ConfigError, UserError, close_match, key_text, show
 from .profile import SiteProfile
 from .schema import build, convert, key_paths, read_yaml, to_dict
 from .strict_yaml import Ambiguous, StrictYAMLError, load
@@ -155,9 +155,9 @@ def load_profile_layer(name: str, path: str, site: str | None = None) -> Layer:
     valid = [f.name for f in dataclasses.fields(SiteProfile)] + list(LAYER_EXTRAS)
     for key in data:
         if key not in valid:
-            key = str(key)[:64]
-            raise ConfigError(path, key, f"unknown key{close_match(key, valid)}; "
-                                         f"valid keys: {', '.join(sorted(valid))}")
+            hint = close_match(key, valid) if isinstance(key, str) and len(key) < 100 else ""
+            raise ConfigError(path, key_text(key), f"unknown key{hint}; "
+                                                   f"valid keys: {', '.join(sorted(valid))}")
         if site and name != "site" and key in SITE_ONLY:
             raise ConfigError(path, key, f"only the site profile ({site}) sets {key}; it "
                                          "describes the cluster")

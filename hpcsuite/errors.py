@@ -40,7 +40,20 @@ def close_match(word: str, options: Iterable[str]) -> str:
     return f' (did you mean "{found[0]}"?)' if found else ""
 
 
+def key_text(key: object) -> str:
+    """A mapping key as it appears in a dotted path: plain words as they are, anything else
+    (spaces, colons, quotes, not a string, too long) quoted and cut short."""
+    if isinstance(key, str) and 0 < len(key) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-")
+                                                        for c in key):
+        return key
+    return show(key, 40)
+
+
 def show(value: object, limit: int = 48) -> str:
     """``repr(value)`` cut to ``limit`` characters: an error quotes a bad value, never all of it."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(str(value))} characters)"
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    return f"{text[:limit]}…"

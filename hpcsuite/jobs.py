@@ -35,8 +35,10 @@ class JobState:
 
 
 def _check_id(job_id: str) -> str:
-    if not job_id.isdigit():
-        raise UserError(f"job id must be a number, got {job_id!r}")
+    if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 12):
+        from .errors import show
+
+        raise UserError(f"job id must be a number, got {show(job_id)}")
     return job_id
 
 

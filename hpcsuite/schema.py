@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from .errors import ConfigError, UserError, close_match, show
+from .errors import ConfigError, UserError, close_match, key_text, show
 from .strict_yaml import MAX_FILE_BYTES, Ambiguous, Number, StrictYAMLError, load
 
 # The longest string any value may be (a path is at most 4096 bytes on Linux).
@@ -82,9 +82,9 @@ def build(cls: type, data: Any, source: str, path: str = "", partial: bool = Fal
     for key in data:
         if not isinstance(key, str) or key not in fields:
             valid = ", ".join(sorted(fields))
-            name = str(key)[:64]
-            raise ConfigError(source, _join(path, name),
-                              f"unknown key{close_match(name, fields)}; valid keys: {valid}")
+            name = key_text(key)
+            hint = close_match(key, fields) if isinstance(key, str) and len(key) < 100 else ""
+            raise ConfigError(source, _join(path, name), f"unknown key{hint}; valid keys: {valid}")
     values = {}
     for name, f in fields.items():
         key_path = _join(path, name)
@@ -131,7 +131,7 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
         reserved = meta.get("reserved_keys")
         names = {}
         for k in value:
-            names[k] = k if isinstance(k, str) and len(k) <= 64 else show(k, 40)
+            names[k] = key_text(k)
             where = f"{path}.{names[k]}"
             if not isinstance(k, str) or len(k) > 64:
                 raise ConfigError(source, where, "a key must be text of at most 64 characters")
@@ -195,6 +195,8 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
 
 def _ambiguous(value: Ambiguous, path: str) -> str:
     key = path.rsplit(".", 1)[-1]
+    if not isinstance(value.meaning, (int, float)):   # pragma: no cover - the resolver's job
+        return f"{value} is ambiguous in YAML; write it in quotes"
     if ":" in value:
         return (f"{value} unquoted is the number {value.meaning:g} in YAML (base 60); write "
                 f"{key}: \"{value}\" in quotes")

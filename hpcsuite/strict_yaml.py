@@ -91,14 +91,17 @@ class StrictLoader(_Base):
 
 
 # Order matters: the first resolver that matches wins.
+# Exactly what YAML 1.1 (PyYAML's resolver) would turn into a number here.
 StrictLoader.add_implicit_resolver(AMBIGUOUS, re.compile(
-    r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"     # base 60: 10:00, 1:30:00
-    r"|^[-+]?0[0-9_]+$"), _DIGIT_START)                         # YAML 1.1 octal: 010
+    r"^[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+$"                   # base-60 int: 10:00, 1:30:00
+    r"|^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*$"          # base-60 float: 1:30.5
+    r"|^[-+]?0[0-7_]+$"), _DIGIT_START)                         # YAML 1.1 octal: 010
 StrictLoader.add_implicit_resolver(INT, re.compile(
     r"^[-+]?(?:0|[1-9][0-9_]*)$|^[-+]?0x[0-9a-fA-F_]+$|^[-+]?0b[01_]+$|^[-+]?0o[0-7_]+$"),
     _DIGIT_START)
 StrictLoader.add_implicit_resolver(FLOAT, re.compile(
-    r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$"
+    r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$"
+    r"|^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"
     r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"), _DIGIT_START + ["."])
 
 

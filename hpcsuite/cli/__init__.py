@@ -70,16 +70,25 @@ def main(verbose: int) -> None:
                             format="%(levelname)s %(name)s: %(message)s")
 
 
+class FilePath(click.Path):
+    """click.Path that also refuses what no file name can hold (NUL, more than PATH_MAX)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and ("\0" in value or len(value) > 4096):
+            self.fail("not a usable file name (NUL character or longer than 4096)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
 profile_option = click.option(
-    "--profile", "profile_path", envvar="HPCSUITE_PROFILE", type=click.Path(dir_okay=False),
+    "--profile", "profile_path", envvar="HPCSUITE_PROFILE", type=FilePath(dir_okay=False),
     help="Site profile YAML, used instead of $HPCSUITE_SITE_DIR/profile.yaml or "
          "/etc/hpcsuite/profile.yaml (env: HPCSUITE_PROFILE).")
 template_dir_option = click.option(
-    "--template-dir", type=click.Path(file_okay=False),
+    "--template-dir", type=FilePath(file_okay=False),
     help="Directory searched first for templates.")
 set_option = click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from . import emit_json, main, profile_option, set_option, template_dir_option
+from . import FilePath, emit_json, main, profile_option, set_option, template_dir_option
 from ..errors import JobFailed, JobPreempted, UserError
 
-spec_argument = click.argument("spec", type=click.Path(dir_okay=False))
+spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
 def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()):
     from ..config import resolve
     from ..plan import plan
@@ -145,7 +145,7 @@ def cancel(job_id):
 
 
 @main.command()
-@click.option("--job", "job_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--job", "job_path", required=True, type=FilePath(dir_okay=False),
               help="The resolved job (job.json) the sbatch script wrote.")
 def train(job_path):
     """In-job entry point: run Horovod training on this rank (launched by the template)."""

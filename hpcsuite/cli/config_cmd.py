@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import emit_json, main, profile_option, set_option
+from . import FilePath, emit_json, main, profile_option, set_option
 
 
 @main.group()
@@ -20,7 +20,7 @@ def config():
 
 
 @config.command()
-@click.argument("spec", required=False, type=click.Path(dir_okay=False))
+@click.argument("spec", required=False, type=FilePath(dir_okay=False))
 @profile_option
 @set_option
 @click.option("--origin", is_flag=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import main, profile_option, set_option, template_dir_option
+from . import FilePath, main, profile_option, set_option, template_dir_option
 from ..errors import UserError
 
 
@@ -68,7 +68,7 @@ def show(name, template_dir):
 
 @templates.command()
 @name_argument
-@click.option("--to", "to_dir", type=click.Path(file_okay=False),
+@click.option("--to", "to_dir", type=FilePath(file_okay=False),
               help="Directory to copy into (default: ./.hpcsuite/templates).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def eject(name, to_dir, force):
@@ -80,7 +80,7 @@ def eject(name, to_dir, force):
 
 
 @templates.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("directory", required=False, type=FilePath(file_okay=False, exists=True))
 @profile_option
 def validate(directory, profile_path):
     """Render every template (in DIRECTORY, or on the search path) against every example spec.
@@ -108,7 +108,7 @@ def validate(directory, profile_path):
 
 
 @main.command()
-@click.argument("spec", type=click.Path(dir_okay=False))
+@click.argument("spec", type=FilePath(dir_okay=False))
 @profile_option
 @set_option
 def lint(spec, profile_path, sets):
