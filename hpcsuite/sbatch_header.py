@@ -15,7 +15,8 @@ Rules followed (Slurm 22.05, with the change of later releases noted):
   quotes too (22.05 drops a backslash before a space and ends the word; later releases keep
   the space); an unquoted, unescaped ``#`` starts a comment;
 - ``hetjob``/``packjob`` as the first word separates heterogeneous components (refused here:
-  hpcsuite submits one component); later on a line sbatch blanks the word out.
+  hpcsuite submits one component); later on a line sbatch blanks the word out, and the blank
+  ends the line (no word is read after it).
 """
 
 from __future__ import annotations
@@ -88,9 +89,8 @@ def tokenize(line: str, lineno: int, source: str, keep_escaped_space: bool = Fal
         if separator and not words:
             raise HeaderError(f"{source}:{lineno}: heterogeneous job separator in the #SBATCH "
                               "header; hpcsuite submits one job component")
-        if separator:   # later on a line sbatch blanks the word out
-            i += len(separator)
-            continue
+        if separator:   # later on a line sbatch blanks the word out, which ends the line
+            return words
         if i < n and line[i] == ":":
             raise HeaderError(f"{source}:{lineno}: sbatch refuses ':' at the start of a word")
         word: list[str] = []

@@ -29,7 +29,7 @@ def opts(header: str, **kw):
     ("#SBATCH --job-name=a\\#b", [("job-name", "a#b")]),
     ("#SBATCH --job-name='a\\' --qos=q'", [("job-name", "a' --qos=q")]),  # \ escapes in quotes
     ("#SBATCH --job-name='' --partition=x", [("job-name", ""), ("partition", "x")]),
-    ("#SBATCH --job-name=a packjob -p x", [("job-name", "a"), ("partition", "x")]),  # blanked
+    ("#SBATCH --job-name=a packjob -p x", [("job-name", "a")]),  # blanked: the line ends
     ("#SBATCH '' --partition=x", []),                               # no word: the line is done
     ("#SBATCH--partition=x", [("partition", "x")]),
     ("#SLURM --partition=x", [("partition", "x")]),
