@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
+from .records import Record, record
 from .errors import ConfigError, UserError, close_match, key_text, show
 from .profile import SiteProfile
 from .schema import build, convert, key_paths, read_yaml, to_dict
@@ -43,8 +43,8 @@ SITE_ONLY = ("name", "contact", "pinned", "allow_unlimited_time", "module_init",
 APPENDED = ("modules", "module_paths", "setup")
 
 
-@dataclass(frozen=True)
-class Layer:
+@record
+class Layer(Record):
     name: str                 # builtin, site, user, project, spec, set
     source: str               # the file (or "--set")
     job: dict                 # validated partial job spec
@@ -56,8 +56,8 @@ class Layer:
         return self.name if self.name == "builtin" else f"{self.name} ({self.source})"
 
 
-@dataclass(frozen=True)
-class Resolved:
+@record
+class Resolved(Record):
     job: JobSpec
     profile: SiteProfile
     origins: dict[str, str]   # dotted key -> layer label ("job.resources.nodes": "spec (x.yaml)")
@@ -89,8 +89,8 @@ def is_locked(key: str, locks: Iterable[str]) -> bool:
 
 # ---------------------------------------------------------------------- layer files
 
-@dataclass(frozen=True)
-class SiteLocation:
+@record
+class SiteLocation(Record):
     profile: Path | None   # the site profile file in force, if any
     dir: Path              # the site directory (its templates/ are on the search path)
     pinned: bool

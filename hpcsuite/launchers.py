@@ -5,17 +5,17 @@ Where a job runs (Slurm) is separate from how its ranks start (this module), as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
+from .records import Record, record
 from .errors import UserError, close_match
 from .profile import Mpi
 from .shell import Raw
 from .spec import JobSpec
 
 
-@dataclass(frozen=True)
-class LaunchContext:
+@record
+class LaunchContext(Record):
     job: JobSpec
     mpi: Mpi                         # the site's MPI flavour and extra arguments
     command: tuple[object, ...]      # what every rank runs

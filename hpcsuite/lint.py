@@ -7,16 +7,16 @@ warnings are printed. Every finding names the job key it is about.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
+from .records import Record, record
 from .errors import UserError, close_match
 from .profile import SiteProfile
 from .spec import JobSpec
 
 
-@dataclass(frozen=True)
-class Finding:
+@record
+class Finding(Record):
     level: str      # "error" or "warning"
     key: str        # dotted job key
     message: str

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from .records import Record, record
 from . import __version__
 from .launchers import LaunchContext, get_launcher
 from .profile import SiteProfile
@@ -37,8 +38,8 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True)
-class BatchRequest:
+@record
+class BatchRequest(Record):
     """Everything `submit` needs; its repr is the script, so --dry-run shows the truth."""
 
     job: JobSpec
@@ -151,8 +152,8 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
                         run_root=run_root, template=str(template_file))
 
 
-@dataclass(frozen=True)
-class Submitted:
+@record
+class Submitted(Record):
     job_id: str
     run_dir: str
     script_path: str

@@ -7,9 +7,10 @@ users and projects may add their own layers (see :mod:`hpcsuite.config`).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
+from .records import Record, record
 from .spec import NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, _m
 
 MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
@@ -17,8 +18,8 @@ MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
 CONSTRAINT = r"[A-Za-z0-9_.,:|&*\[\]()-]{1,256}"
 
 
-@dataclass(frozen=True)
-class Partition:
+@record
+class Partition(Record):
     cpus_per_node: Optional[int] = field(default=None, metadata=_m("cores per node", min=1))
     gpus_per_node: int = field(default=0, metadata=_m("GPUs per node", min=0))
     max_time: Optional[str] = field(default=None, metadata=_m(
@@ -34,8 +35,8 @@ class Partition:
         pattern_help="a Slurm feature expression: names with & | , [ ] ( ) * :"))
 
 
-@dataclass(frozen=True)
-class Mpi:
+@record
+class Mpi(Record):
     flavour: str = field(default="openmpi", metadata=_m(pattern=r"openmpi",
                                                         pattern_help="supported: openmpi"))
     srun_mpi: str = field(default="pmix", metadata=_m(
@@ -50,8 +51,8 @@ class Mpi:
     srun_args: list[str] = field(default_factory=list, metadata=_m("extra srun arguments"))
 
 
-@dataclass(frozen=True)
-class SiteProfile:
+@record
+class SiteProfile(Record):
     name: Optional[str] = field(default=None, metadata=_m("cluster name", pattern=NAME,
                                                           pattern_help="letters, digits, _ . -"))
     contact: Optional[str] = field(default=None, metadata=_m(

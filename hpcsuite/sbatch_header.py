@@ -21,8 +21,8 @@ Rules followed (Slurm 22.05, with the change of later releases noted):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from .records import Record, record
 from .errors import UserError
 
 MAGIC = ("#SBATCH", "#SLURM")
@@ -62,8 +62,8 @@ class HeaderError(UserError):
     """The header would make sbatch fail or do something hpcsuite cannot vouch for."""
 
 
-@dataclass(frozen=True)
-class Option:
+@record
+class Option(Record):
     name: str            # canonical long name, e.g. "partition"
     value: str | None    # None for options without an argument
     line: int            # 1-based line of the script

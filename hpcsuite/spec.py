@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Optional
 
+from .records import Record, record
 from .schema import build, read_yaml, to_dict
 
 # Allow-lists for values that reach an #SBATCH line. sbatch reads its header with its own
@@ -66,8 +67,8 @@ def _m(help: str = "", **kw) -> dict:
     return {"help": help, **kw}
 
 
-@dataclass(frozen=True)
-class Resources:
+@record
+class Resources(Record):
     nodes: int = field(default=1, metadata=_m("nodes to allocate", min=1, max=100000))
     tasks_per_node: int = field(default=1, metadata=_m("MPI ranks per node", min=1, max=1024))
     cpus_per_task: int = field(default=1, metadata=_m("CPU cores per rank", min=1, max=1024))
@@ -81,8 +82,8 @@ class Resources:
         pattern_help="a number with K, M, G or T, e.g. 4G", coerce=True))
 
 
-@dataclass(frozen=True)
-class Data:
+@record
+class Data(Record):
     kind: Literal["synthetic", "npy"] = "synthetic"
     samples: int = field(default=4096, metadata=_m("synthetic: number of samples", min=1))
     shape: list[int] = field(default_factory=lambda: [32], metadata=_m(
@@ -98,8 +99,8 @@ class Data:
     prefetch: int = field(default=2, metadata=_m("batches prepared ahead per rank", min=1, max=64))
 
 
-@dataclass(frozen=True)
-class HorovodKnobs:
+@record
+class HorovodKnobs(Record):
     """Rendered as HOROVOD_* variables for every rank by the template (not set from Python)."""
     compression: Literal["none", "fp16"] = "none"
     op: Literal["average", "adasum"] = "average"
@@ -113,8 +114,8 @@ class HorovodKnobs:
     autotune: bool = field(default=False, metadata=_m("let Horovod tune fusion and cycle time"))
 
 
-@dataclass(frozen=True)
-class Checkpoint:
+@record
+class Checkpoint(Record):
     every_steps: int = field(default=0, metadata=_m("save every N optimizer steps (0: off)", min=0))
     every_minutes: float = field(default=0.0, metadata=_m("save at least every N minutes (0: off)",
                                                           min=0.0))
@@ -129,8 +130,8 @@ class Checkpoint:
         return self.every_steps > 0 or self.every_minutes > 0
 
 
-@dataclass(frozen=True)
-class Preemption:
+@record
+class Preemption(Record):
     signal: Literal["USR1", "USR2", "TERM"] = "USR1"
     lead_seconds: int = field(default=0, metadata=_m(
         "ask Slurm for SIGNAL this long before the time limit (0: off)", min=0, max=65535))
@@ -138,8 +139,8 @@ class Preemption:
         "after a preemption checkpoint, requeue the job so it resumes by itself"))
 
 
-@dataclass(frozen=True)
-class Train:
+@record
+class Train(Record):
     backend: Literal["torch", "tensorflow"] = "torch"
     model: str = field(default="mlp", metadata=_m(pattern=r"[a-z][a-z0-9_]*",
                                                   pattern_help="a model name from models/"))
@@ -160,8 +161,8 @@ class Train:
     seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
 
 
-@dataclass(frozen=True)
-class JobSpec:
+@record
+class JobSpec(Record):
     name: str = field(metadata=_m("job name", pattern=NAME, pattern_help=NAME_HELP))
     template: str = field(default="horovod", metadata=_m(
         pattern=TEMPLATE_NAME, pattern_help="a template name: letters, digits, _ . - (no /)"))

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 import jinja2.runtime
 import jinja2.sandbox
 
+from .records import Record, record
 from .errors import UserError, close_match, show
 from .shell import Raw, Rendered, quote
 
@@ -60,8 +60,8 @@ def builtin_dir() -> Path:
     return Path(hpcsuite.templates.__file__).parent
 
 
-@dataclass(frozen=True)
-class SearchPath:
+@record
+class SearchPath(Record):
     dirs: tuple[tuple[str, Path], ...]   # (layer, directory), highest precedence first
 
     @classmethod
