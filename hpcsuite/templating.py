@@ -65,18 +65,26 @@ class SearchPath(Record):
     dirs: tuple[tuple[str, Path], ...]   # (layer, directory), highest precedence first
 
     @classmethod
-    def default(cls, template_dir: str | None = None, cwd: Path | None = None) -> "SearchPath":
+    def default(cls, template_dir: str | None = None, cwd: Path | None = None,
+                site_only: bool = False) -> "SearchPath":
+        """The full search path; ``site_only`` (the site locks ``template``): the site's
+        templates and the built-in ones only, so no project, user or --template-dir file
+        can stand in for the template the site fixed."""
         from .config import site_dir
 
         cwd = cwd or Path.cwd()
         config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
         site = site_dir()
         dirs = []
+        if template_dir and site_only:
+            raise UserError("--template-dir: the site locks the template; its own templates "
+                            "are the only ones used")
         if template_dir:
             dirs.append(("cli", Path(template_dir).absolute()))
-        dirs += [("project", cwd / ".hpcsuite" / "templates"),
-                 ("user", config / "hpcsuite" / "templates"),
-                 ("site", Path(site) / "templates"),
+        if not site_only:
+            dirs += [("project", cwd / ".hpcsuite" / "templates"),
+                     ("user", config / "hpcsuite" / "templates")]
+        dirs += [("site", Path(site) / "templates"),
                  ("builtin", builtin_dir())]
         return cls(tuple(dirs))
 

@@ -199,3 +199,22 @@ def test_config_show_marks_locked_values(layers):
     assert not lines["site.modules"].endswith("[locked]")
     data = json.loads(CliRunner().invoke(main, ["config", "show", "--origin", "--json"]).output)
     assert "job.resources.partition" in data["locked"] and "job.train.lr" not in data["locked"]
+
+
+def test_a_locked_template_is_the_site_one_whatever_shadows_it(layers, tmp_path):
+    site_templates = layers["site"].parent / "templates"
+    (site_templates / "horovod.sbatch.j2").write_text(
+        '{% extends "builtin/horovod.sbatch.j2" %}\n'
+        "{% block setup %}echo site-template\n{{ super() }}{% endblock %}\n")
+    (layers["templates"] / "horovod.sbatch.j2").write_text(
+        '{% extends "builtin/horovod.sbatch.j2" %}\n'
+        "{% block setup %}echo project-template\n{% endblock %}\n")
+    out = CliRunner().invoke(main, ["render", str(layers["spec"])]).output
+    assert "echo project-template" in out            # unlocked: the project's file wins
+    layers["site"].write_text(SITE.replace("locked: [resources.partition]",
+                                           "locked: [resources.partition, template]"))
+    out = CliRunner().invoke(main, ["render", str(layers["spec"])]).output
+    assert "echo site-template" in out and "project-template" not in out
+    result = CliRunner().invoke(main, ["render", str(layers["spec"]), "--template-dir",
+                                       str(layers["templates"])])
+    assert result.exit_code == 2 and "--template-dir: the site locks the template" in result.output

@@ -22,7 +22,8 @@ def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()
     r = resolve(spec, profile_path, sets)
     for warning in enforce(lint(r.job, r.profile), spec):
         click.echo(f"{spec}: {warning}", err=True)
-    return plan(r.job, r.profile, SearchPath.default(template_dir), r.locks)
+    site_only = "template" in r.locks
+    return plan(r.job, r.profile, SearchPath.default(template_dir, site_only=site_only), r.locks)
 
 
 @main.command()
