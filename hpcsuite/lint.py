@@ -45,8 +45,48 @@ def walltime_seconds(text: str) -> int:
     return ((days * 24 + h) * 60 + m) * 60 + s
 
 
-def lint(job: JobSpec, profile: SiteProfile) -> list[Finding]:
-    out: list[Finding] = []
+def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
+    """Each FILE.py:function in the spec exists and defines that function (read, not run)."""
+    from . import usercode
+
+    t = job.train
+    dirs = usercode.search_dirs(t.pythonpath, base)
+    refs = [("train.model", t.model), ("train.loss", t.loss)]
+    if t.script is None:
+        refs.append(("train.data.factory", t.data.factory))
+        if t.eval is not None and t.eval.data is not None:
+            refs.append(("train.eval.data.factory", t.eval.data.factory))
+    out = []
+    for key, text in refs:
+        ref = usercode.parse(text) if text else None
+        problem = usercode.check(ref, dirs) if ref else None
+        if problem:
+            out.append(Finding("error", key, problem))
+    if t.script is not None:
+        script = Path(t.script) if Path(t.script).is_absolute() else (base or Path.cwd()) / t.script
+        if not script.is_file():
+            out.append(Finding("error", "train.script", f"{t.script}: no such file (in {script.parent})"))
+    data_needs = {"python": ("factory", "a FILE.py:function"), "npy": ("path", "a directory"),
+                  "hdf5": ("path", "an .h5 file")}
+    for key, data in (("train.data", t.data), ("train.eval.data", t.eval.data if t.eval else None)):
+        if data is None or t.script is not None:
+            continue
+        need = data_needs.get(data.kind)
+        if need and getattr(data, need[0]) is None:
+            out.append(Finding("error", f"{key}.{need[0]}", f"required for kind {data.kind}: {need[1]}"))
+    return out
+
+
+def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[Finding]:
+    from .spec import precision_problem
+
+    out: list[Finding] = user_code_findings(job, base)
+    problem = precision_problem(job.train.backend, job.train.precision)
+    if problem:
+        out.append(Finding("error", "train.precision", problem))
+    if job.train.loss == "mse" and job.train.data.kind in ("synthetic", "npy") and not job.train.script:
+        out.append(Finding("error", "train.loss", f"mse needs float targets; {job.train.data.kind} "
+                                                  "data has class labels (use cross_entropy)"))
     r = job.resources
     if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
         out.append(Finding("warning", "resources.tasks_per_node",

@@ -1,11 +1,21 @@
-"""The results file a job leaves behind, and its human summary. Framework-free."""
+"""The results file a job leaves behind (``results.json``), its typed owner, and its summary.
+
+Framework-free: the managed loop and script mode write it, ``submit --wait``, ``status`` and
+the tests read it, all through :class:`Results`. Every key has a default, so a results file
+from an older hpcsuite (or from a script that records little) still reads.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+RESULTS = "results.json"
 
 
 def write_json_atomic(path: Path, data: object) -> None:
@@ -24,23 +34,131 @@ def write_json_atomic(path: Path, data: object) -> None:
         raise
 
 
+@dataclass
+class Results:
+    job: str = ""
+    mode: str = "managed"                  # managed loop or script
+    status: str = "completed"              # completed | preempted
+    job_id: str | None = None
+    attempt: int = 0
+    backend: str | None = None
+    model: str | None = None
+    world_size: int = 1
+    hosts: list[str] = field(default_factory=list)
+    dataset_samples: int = 0
+    steps: int = 0                         # optimizer steps in this attempt
+    start_step: int = 0
+    final_step: int = 0
+    cursor: dict = field(default_factory=dict)
+    resumed_from: str | None = None
+    epochs: int = 0
+    batch_size_per_rank: int = 0
+    grad_accumulation: int = 1
+    precision: str | None = None
+    samples: int = 0
+    elapsed_s: float = 0.0
+    samples_per_s: float = 0.0
+    samples_per_s_steady: float = 0.0
+    samples_per_s_per_rank: list[float] = field(default_factory=list)
+    step_time_s: dict = field(default_factory=dict)     # count, mean, median, p90, min, max
+    step_times_s: list[float] = field(default_factory=list)
+    data_wait_fraction: float = 0.0
+    checkpoints: list[dict] = field(default_factory=list)   # step, seconds, bytes, reason, path
+    checkpoint_time_s: float = 0.0
+    loss: list[float] = field(default_factory=list)         # mean loss of each step
+    lr: list[float] = field(default_factory=list)           # learning rate of each step
+    eval: list[dict] = field(default_factory=list)          # epoch, step, loss, accuracy, samples
+    param_checksums: list[str] = field(default_factory=list)
+    spec_digest: str | None = None
+    versions: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)             # script mode: the script's own
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Results":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Results":
+        from .errors import UserError
+
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: unreadable ({e})") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the job may have "
+                            "died while writing it") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: expected a JSON object")
+        try:
+            return cls.from_json(data)
+        except TypeError as e:
+            raise UserError(f"{path}: not an hpcsuite results file ({e})") from None
+
+    def write(self, run_dir: str | Path) -> Path:
+        path = Path(run_dir) / RESULTS
+        write_json_atomic(path, self.to_json())
+        return path
+
+    @property
+    def last_eval(self) -> dict | None:
+        return self.eval[-1] if self.eval else None
+
+
+def step_stats(times: list[float]) -> dict:
+    import statistics
+
+    if not times:
+        return {"count": 0, "mean": 0.0, "median": 0.0, "p90": 0.0, "min": 0.0, "max": 0.0}
+    ordered = sorted(times)
+    return {"count": len(times), "mean": statistics.fmean(times), "median": statistics.median(times),
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+            "min": ordered[0], "max": ordered[-1]}
+
+
+def describe_eval(ev: dict[str, Any]) -> str:
+    acc = f", accuracy {100 * ev['accuracy']:.2f}%" if ev.get("accuracy") is not None else ""
+    return (f"validation loss {ev['loss']:.4f}{acc} ({ev['samples']} held-out samples, "
+            f"epoch {ev['epoch']}, step {ev['step']})")
+
+
+def _metrics_line(metrics: dict) -> str:
+    """A script's own numbers: scalars as they are, series by their last value."""
+    parts = []
+    for key, value in sorted(metrics.items()):
+        if isinstance(value, list) and value and isinstance(value[-1], (int, float)):
+            parts.append(f"{key} {value[-1]:.4g} (last of {len(value)})")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            parts.append(f"{key} {value:.4g}")
+    return ", ".join(parts) or "none"
+
+
 def summarize(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
-    r = json.loads((run_dir / "results.json").read_text())
-    losses = r.get("loss", [])
-    sums = r.get("param_checksums", [])
-    same = "identical on all ranks" if sums and len(set(sums)) == 1 else "DIFFER across ranks"
-    resumed = f", resumed at step {r['start_step']}" if r.get("resumed_from") else ""
+    r = Results.load(run_dir / RESULTS)
+    sums = r.param_checksums
+    same = "identical on all ranks" if sums and len(set(sums)) == 1 else \
+        ("DIFFER across ranks" if sums else "not recorded")
+    resumed = f", resumed at step {r.start_step}" if r.resumed_from else ""
+    median = r.step_time_s.get("median", 0.0) * 1e3
     lines = [
-        f"job {r.get('job_id')} ({r.get('job')}): {r.get('status', 'completed')} at step "
-        f"{r.get('final_step', r['steps'])}{resumed}; {r['world_size']} ranks on "
-        f"{', '.join(r.get('hosts', [])) or '?'}, backend {r.get('backend')}",
-        f"  samples/s {r['samples_per_s']:.1f} overall, {r.get('samples_per_s_steady', 0):.1f} "
-        f"after warm-up; step time median {r['step_time_s']['median'] * 1e3:.2f} ms",
-        f"  loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "  no loss recorded",
+        f"job {r.job_id} ({r.job}): {r.status} at step {r.final_step}{resumed}; {r.world_size} ranks "
+        f"on {', '.join(r.hosts) or '?'}, backend {r.backend}" + (", script mode" if r.mode == "script" else ""),
+        f"  samples/s {r.samples_per_s:.1f} overall, {r.samples_per_s_steady:.1f} after warm-up; "
+        f"step time median {median:.2f} ms",
+        f"  loss {r.loss[0]:.4f} -> {r.loss[-1]:.4f}" if r.loss else "  no loss recorded",
+        *([f"  {describe_eval(r.last_eval)}"] if r.last_eval else []),
+        *([f"  script metrics: {_metrics_line(r.metrics)}"] if r.metrics else []),
         f"  parameters: {same}",
-        *([f"  checkpoints: {len(r['checkpoints'])} saved, last {r['checkpoints'][-1]['path']}"]
-          if r.get("checkpoints") else []),
+        *([f"  checkpoints: {len(r.checkpoints)} saved, last {r.checkpoints[-1]['path']}"]
+          if r.checkpoints else []),
         f"  outputs: {run_dir}",
     ]
     return "\n".join(lines)

@@ -109,6 +109,8 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
     meta = meta or {}
     if isinstance(value, Ambiguous):
         raise ConfigError(source, path, _ambiguous(value, path))
+    if tp is Any:
+        return _plain(value, source, path)
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -191,6 +193,36 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
             raise ConfigError(source, path, check(value))
         return str(value)
     raise TypeError(f"schema type {tp!r} at {path} is not supported")  # a bug in hpcsuite
+
+
+def _plain(value: Any, source: str, path: str) -> Any:
+    """Any JSON-like value (for free-form arguments), with the limits every value has."""
+    if isinstance(value, Ambiguous):
+        raise ConfigError(source, path, _ambiguous(value, path))
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(source, path, f"{show(value)} is not a finite number")
+        return float(value)
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ConfigError(source, path, "NUL characters are not allowed")
+        if len(value) > MAX_STRING:
+            raise ConfigError(source, path, f"{show(value)} is longer than {MAX_STRING} characters")
+        return str(value)
+    if isinstance(value, list):
+        return [_plain(v, source, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(source, f"{path}.{key_text(k)}", "a key must be text")
+            out[k] = _plain(v, source, f"{path}.{key_text(k)}")
+        return out
+    raise ConfigError(source, path, f"{_kind(value)} is not a plain value")
 
 
 def _ambiguous(value: Ambiguous, path: str) -> str:

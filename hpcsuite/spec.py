@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from .records import Record, record
 from .schema import build, read_yaml, to_dict
@@ -24,6 +24,12 @@ PATH = r"[A-Za-z0-9_.+@/][A-Za-z0-9_.+@/-]{0,1023}"
 PATH_HELP = "letters, digits and / . _ - + @ only, not starting with - (no % or spaces)"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}"
+# User code: FILE.py:function (relative to the submit directory or a train.pythonpath entry)
+# or package.module:function (importable from there or the environment).
+PY_FILE = r"[A-Za-z0-9_.+@/-]{0,1000}[A-Za-z0-9_+@-]\.py"
+PY_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+USER_REF = rf"(?:{PY_FILE}|{PY_MODULE}):[A-Za-z_][A-Za-z0-9_]*"
+USER_REF_HELP = "FILE.py:function or package.module:function"
 
 # Horovod variables the template derives from train.horovod (see plan.horovod_environment).
 HOROVOD_KNOBS = {
@@ -63,6 +69,19 @@ def reserved_env_name(name: str) -> str | None:
     return None
 
 
+PRECISIONS = {"torch": ("fp32", "amp"), "tensorflow": ("fp32", "amp", "mixed_float16")}
+
+
+def precision_problem(backend: str, precision: str) -> str | None:
+    """Why ``precision`` does not exist for ``backend`` (one place for both frameworks)."""
+    if precision in PRECISIONS[backend]:
+        return None
+    if backend == "torch" and precision == "mixed_float16":
+        return ("mixed_float16 is TensorFlow's policy; for torch use amp (float16 with a gradient "
+                "scaler on CUDA, bfloat16 on the CPU)")
+    return f"{precision} is not available for {backend}; choose {', '.join(PRECISIONS[backend])}"
+
+
 def _m(help: str = "", **kw) -> dict:
     return {"help": help, **kw}
 
@@ -84,14 +103,27 @@ class Resources(Record):
 
 @record
 class Data(Record):
-    kind: Literal["synthetic", "npy"] = "synthetic"
+    kind: Literal["synthetic", "npy", "hdf5", "python"] = "synthetic"
     samples: int = field(default=4096, metadata=_m("synthetic: number of samples", min=1))
     shape: list[int] = field(default_factory=lambda: [32], metadata=_m(
         "synthetic: shape of one input, e.g. [32] or [3, 16, 16] (channels first)", min=1))
     classes: int = field(default=10, metadata=_m("synthetic: number of classes", min=2))
     path: Optional[str] = field(default=None, metadata=_m(
-        "npy: directory of inputs-*.npy / labels-*.npy shards (relative to the submit directory)",
-        nonempty=True))
+        "npy: directory of inputs-*.npy / labels-*.npy shards; hdf5: the .h5 file (relative to "
+        "the submit directory)", nonempty=True))
+    inputs: str = field(default="inputs", metadata=_m(
+        "hdf5: the dataset holding the inputs, [N, *shape]", pattern=r"[A-Za-z0-9_./-]{1,256}",
+        pattern_help="an HDF5 dataset path like inputs or train/x"))
+    labels: str = field(default="labels", metadata=_m(
+        "hdf5: the dataset holding the labels (integers: classes) or targets (floats), [N, ...]",
+        pattern=r"[A-Za-z0-9_./-]{1,256}", pattern_help="an HDF5 dataset path like labels or train/y"))
+    factory: Optional[str] = field(default=None, metadata=_m(
+        "python: FILE.py:function returning a map-style dataset: len(ds), and ds[ids] -> "
+        "(inputs, targets) arrays for an array of sample ids", pattern=USER_REF,
+        pattern_help=USER_REF_HELP))
+    args: dict[str, Any] = field(default_factory=dict, metadata=_m(
+        "python: keyword arguments for the factory", key_pattern=r"[A-Za-z_][A-Za-z0-9_]{0,63}",
+        key_help="not a Python argument name"))
     workers: int = field(default=0, metadata=_m(
         "background loader workers per rank (torch DataLoader workers, tf.data parallel calls); "
         "0 loads in the training process, best for in-memory data; raise it for data on disk",
@@ -140,17 +172,85 @@ class Preemption(Record):
 
 
 @record
+class Optimizer(Record):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    momentum: float = field(default=0.9, metadata=_m("sgd: momentum", min=0.0, max=1.0))
+    weight_decay: float = field(default=0.0, metadata=_m(
+        "weight decay (sgd in torch: L2 added to the gradient; adamw, and Keras: decoupled)",
+        min=0.0, max=1.0))
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=_m(
+        "adam, adamw: decay rates of the moment estimates", min=0.0, max=0.999999))
+    eps: float = field(default=1e-8, metadata=_m("adam, adamw: numerical stability term",
+                                                 min=0.0, max=1.0))
+
+
+@record
+class Schedule(Record):
+    """Learning rate over training, as a function of epochs done (a fraction), so a run
+    resumed from a checkpoint, on any number of ranks, continues it exactly."""
+    scale_by_world_size: bool = field(default=False, metadata=_m(
+        "Horovod's linear scaling rule: the peak rate is lr x ranks"))
+    warmup_epochs: float = field(default=0.0, metadata=_m(
+        "rise linearly to the peak over this many epochs (from lr when scaling, else from 0)",
+        min=0.0, max=10000.0))
+    decay: Literal["constant", "step", "cosine"] = "constant"
+    step_epochs: float = field(default=30.0, metadata=_m(
+        "step: multiply by gamma every this many epochs after warm-up", min=0.001))
+    gamma: float = field(default=0.1, metadata=_m("step: the factor", min=0.0, max=1.0))
+    min_lr: float = field(default=0.0, metadata=_m("cosine: the rate it ends at", min=0.0))
+
+
+@record
+class Eval(Record):
+    split: float = field(default=0.0, metadata=_m(
+        "hold out this fraction of the training data (a fixed random subset) for validation",
+        min=0.0, max=0.9))
+    data: Optional[Data] = field(default=None, metadata=_m(
+        "a separate held-out dataset instead of a split (same keys as train.data)"))
+    every_epochs: int = field(default=1, metadata=_m("validate after every N epochs", min=1))
+    batch_size: Optional[int] = field(default=None, metadata=_m(
+        "samples per rank per validation batch (default: train.batch_size)", min=1))
+
+    @property
+    def enabled(self) -> bool:
+        return self.split > 0 or self.data is not None
+
+
+@record
 class Train(Record):
     backend: Literal["torch", "tensorflow"] = "torch"
-    model: str = field(default="mlp", metadata=_m(pattern=r"[a-z][a-z0-9_]*",
-                                                  pattern_help="a model name from models/"))
+    model: str = field(default="mlp", metadata=_m(
+        "a built-in model (mlp, resnet) or a builder FILE.py:function / package.module:function "
+        "called as function(input_shape, classes) (classes: the target shape for mse)",
+        pattern=rf"[a-z][a-z0-9_]*|{USER_REF}",
+        pattern_help=f"a model name from models/ or {USER_REF_HELP}"))
+    pythonpath: list[str] = field(default_factory=list, metadata=_m(
+        "directories (relative to the submit directory) searched for user code, after the "
+        "submit directory itself", nonempty=True))
+    loss: str = field(default="cross_entropy", metadata=_m(
+        "cross_entropy (integer labels), mse (float targets), or FILE.py:function(outputs, "
+        "targets) returning one loss per sample", pattern=rf"cross_entropy|mse|{USER_REF}",
+        pattern_help=f"cross_entropy, mse or {USER_REF_HELP}"))
     data: Data = field(default_factory=Data)
+    eval: Optional[Eval] = field(default=None, metadata=_m(
+        "validation: a split of the training data or a held-out dataset"))
     batch_size: int = field(default=64, metadata=_m("samples per rank per step", min=1))
     epochs: int = field(default=1, metadata=_m(min=1))
     max_steps: Optional[int] = field(default=None, metadata=_m(
         "stop after this many optimizer steps in total (counting resumed ones)", min=1))
-    lr: float = field(default=0.05, metadata=_m("learning rate, used as given", min=0.0))
-    precision: Literal["fp32", "amp", "mixed_float16"] = "fp32"
+    lr: float = field(default=0.05, metadata=_m(
+        "learning rate (the base of train.schedule)", min=0.0))
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    schedule: Schedule = field(default_factory=Schedule)
+    script: Optional[str] = field(default=None, metadata=_m(
+        "script mode: run this Horovod training script (FILE.py) on every rank instead of the "
+        "managed loop; it uses hpcsuite.api for sharding, checkpoints and preemption",
+        pattern=PY_FILE, pattern_help="a FILE.py path"))
+    args: list[str] = field(default_factory=list, metadata=_m(
+        "script mode: the script's command-line arguments"))
+    precision: Literal["fp32", "amp", "mixed_float16"] = field(default="fp32", metadata=_m(
+        "fp32; amp: the framework's mixed precision (torch autocast, TensorFlow "
+        "mixed_float16); mixed_float16: TensorFlow only"))
     grad_accumulation: int = field(default=1, metadata=_m(
         "micro-batches per optimizer step", min=1, max=1024))
     horovod: HorovodKnobs = field(default_factory=HorovodKnobs)

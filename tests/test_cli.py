@@ -36,8 +36,9 @@ def test_bad_spec_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f'error: {bad}: train.epoch: unknown key (did you mean "epochs"?); valid keys: '
-        "backend, batch_size, checkpoint, data, epochs, grad_accumulation, horovod, ledger, lr, "
-        "max_steps, model, precision, preemption, seed"]
+        "args, backend, batch_size, checkpoint, data, epochs, eval, grad_accumulation, horovod, "
+        "ledger, loss, lr, max_steps, model, optimizer, precision, preemption, pythonpath, "
+        "schedule, script, seed"]
 
 
 def test_bad_profile_exit_2(tmp_path):

@@ -76,7 +76,7 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, as_js
 
 def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: bool) -> None:
     from .. import jobs
-    from ..results import summarize
+    from ..results import RESULTS, Results, summarize
 
     t0 = time.monotonic()
 
@@ -85,20 +85,21 @@ def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: 
             click.echo(f"[{time.monotonic() - t0:6.1f}s] job {job_id}: {state.state}", err=True)
 
     state = jobs.wait(job_id, timeout=timeout, on_change=changed)
-    results = Path(run_dir) / "results.json"
+    path = Path(run_dir) / RESULTS
+    results = Results.load(path) if path.is_file() else None
     if as_json:
         payload = {"job_id": job_id, "state": state.state, "run_dir": run_dir}
-        if results.is_file():
-            payload["results"] = json.loads(results.read_text())
+        if results is not None:
+            payload["results"] = results.to_json()
         emit_json(payload)
     if not state.ok:
         log = jobs.log_path(state) or Path(run_dir).parent / f"slurm-{job_id}.out"
         raise JobFailed(f"job {job_id} ended {state.state} (exit {state.exit_code}); "
                         f"last lines of {log}:\n{jobs.tail(log)}")
     if not as_json:
-        click.echo(summarize(run_dir) if results.is_file() else
+        click.echo(summarize(run_dir) if results is not None else
                    f"job {job_id} completed; no results.json in {run_dir}")
-    if results.is_file() and json.loads(results.read_text()).get("status") == "preempted":
+    if results is not None and results.status == "preempted":
         raise JobPreempted(f"job {job_id} stopped early after saving a checkpoint; "
                            "submit the same spec again to resume")
 

@@ -1,15 +1,18 @@
-"""The training loop both backends share: sharding, checkpoints, preemption, metrics.
+"""The training loop both backends share: sharding, checkpoints, preemption, validation, metrics.
 
 A backend (:mod:`.torch_backend`, :mod:`.tf_backend`) owns the model, the Horovod-wrapped
-optimizer and the framework's data adapter; everything about *which* samples, *when* to save
-and *what* to record lives here, once.
+optimizer and the framework's data adapter; everything about *which* samples, *when* to save,
+stop or validate, and *what* to record lives here, once:
+
+- :class:`Policy` makes the decisions from counters and clocks, and does nothing itself;
+- :class:`Trainer` runs epochs of steps, acts on the decisions, and keeps :class:`Metrics`;
+- :class:`~hpcsuite.results.Results` is what the run leaves behind.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +21,13 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from ..errors import UserError
+from ..results import Results, step_stats
 from ..spec import JobSpec
-from .checkpoint import CheckpointError, CheckpointStore, Loaded
-from .data import open_data
+from .checkpoint import CheckpointStore, Loaded
+from .data import open_train_eval
+from .schedule import learning_rate
 from .sharding import Batch, Cursor, Sharder
+from .signals import FLAG, StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +37,7 @@ log = logging.getLogger(__name__)
 # step because every rank posts and reads at the same steps.
 POLL_STEPS = 10
 PREEMPTED_MARKER = "PREEMPTED"
+LOG_SECONDS = 30
 
 
 class Backend(Protocol):
@@ -39,9 +46,11 @@ class Backend(Protocol):
     size: int
     local_rank: int
 
-    def build(self, shape: tuple[int, ...], classes: int) -> None: ...
+    def build(self, data) -> None: ...
     def feed(self, data, batches: list[Batch]) -> Iterator[tuple[Batch, object, object, object]]: ...
     def micro_step(self, x, y, w, scale: float, last: bool) -> object: ...
+    def eval_step(self, x, y, w) -> tuple[float, float]: ...
+    def set_lr(self, lr: float) -> None: ...
     def losses_to_floats(self, losses: list) -> list[float]: ...
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict]: ...
     def load_state(self, tensors: dict[str, dict[str, np.ndarray]], extra: dict) -> None: ...
@@ -63,18 +72,56 @@ class Progress:
     resumed_from: str | None = None
 
 
-class StopFlag:
-    """Set by a signal handler; the loop acts on it at the next step boundary."""
+@dataclass
+class Metrics:
+    """What one rank records while training."""
+    step_times: list[float] = field(default_factory=list)
+    data_times: list[float] = field(default_factory=list)
+    loss_sums: list[list] = field(default_factory=list)   # per step: the micro-batches' sums
+    real: list[int] = field(default_factory=list)         # per step: real samples, all ranks
+    lr: list[float] = field(default_factory=list)
+    checkpoints: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    samples: int = 0
 
-    def __init__(self):
-        self.signal: str | None = None
 
-    def install(self, names: list[str]) -> None:
-        for name in names:
-            signal.signal(getattr(signal, f"SIG{name}"), self._handler)
+class Policy:
+    """When to poll, save, validate, log and stop. Pure decisions; the Trainer acts."""
 
-    def _handler(self, signum, frame) -> None:
-        self.signal = signal.Signals(signum).name
+    def __init__(self, job: JobSpec, start_step: int, now: float):
+        self.t = job.train
+        self.start_step = start_step
+        self.last_save = self.last_log = now
+
+    def poll_due(self, step: int) -> bool:
+        # Also right after the first step, so that the first vote (and, for TensorFlow, the
+        # first run of the step variant that carries it) falls inside warm-up rather than into
+        # measured training.
+        return step % POLL_STEPS == 0 or step == self.start_step + 1
+
+    def time_to_save(self, now: float) -> bool:
+        minutes = self.t.checkpoint.every_minutes
+        return bool(minutes) and now - self.last_save >= minutes * 60
+
+    def save_due(self, step: int, agreed: bool) -> bool:
+        ck = self.t.checkpoint
+        return ck.enabled and (agreed or bool(ck.every_steps and step % ck.every_steps == 0))
+
+    def saved(self, now: float) -> None:
+        self.last_save = now
+
+    def log_due(self, now: float) -> bool:
+        if now - self.last_log > LOG_SECONDS:
+            self.last_log = now
+            return True
+        return False
+
+    def done(self, step: int) -> bool:
+        return bool(self.t.max_steps and step >= self.t.max_steps)
+
+    def eval_due(self, epochs_done: int) -> bool:
+        ev = self.t.eval
+        return ev is not None and ev.enabled and epochs_done % ev.every_epochs == 0
 
 
 def checkpoint_root(job: JobSpec, run_dir: Path) -> Path:
@@ -83,20 +130,35 @@ def checkpoint_root(job: JobSpec, run_dir: Path) -> Path:
     return run_dir.parent / "checkpoints"
 
 
+# What a checkpoint must agree on with the job resuming from it; world and batch size may change.
+_DATA_KEYS = ("kind", "samples", "shape", "classes", "path", "inputs", "labels", "factory", "args")
+
+
+def resume_identity(job: JobSpec) -> dict:
+    t = job.to_dict()["train"]
+    data = {k: t["data"].get(k) for k in _DATA_KEYS}
+    split = (t.get("eval") or {}).get("split", 0.0)
+    return {"backend": t["backend"], "model": t["model"], "data": data, "seed": t["seed"],
+            "eval_split": split}
+
+
 def _compatible(job: JobSpec, manifest: dict, path: Path) -> None:
-    """Resuming needs the same model and data; world size and batch size may change."""
-    t = job.train
-    want = {"backend": t.backend, "model": t.model, "data": job.to_dict()["train"]["data"],
-            "seed": t.seed}
+    want = resume_identity(job)
+    have_data = {k: (manifest.get("data") or {}).get(k) for k in _DATA_KEYS}
+    have = {"backend": manifest.get("backend"), "model": manifest.get("model"), "data": have_data,
+            "seed": manifest.get("seed"), "eval_split": manifest.get("eval_split", 0.0)}
     for key, value in want.items():
         if key == "data":
-            have = {k: manifest.get("data", {}).get(k) for k in ("kind", "samples", "shape", "classes", "path")}
-            value = {k: value.get(k) for k in have}
-        else:
-            have = manifest.get(key)
-        if have != value:
-            raise UserError(f"{path}: written by a job with train.{key} = {have!r}, this job has "
-                            f"{value!r}; use another checkpoint.dir or set checkpoint.resume: false")
+            changed = [k for k in _DATA_KEYS if have_data.get(k) is not None and have_data[k] != value[k]]
+            if changed:
+                k = changed[0]
+                raise UserError(f"{path}: written by a job with train.data.{k} = {have_data[k]!r}, "
+                                f"this job has {value[k]!r}; use another checkpoint.dir or set "
+                                "checkpoint.resume: false")
+        elif have[key] != value:
+            name = "eval.split" if key == "eval_split" else key
+            raise UserError(f"{path}: written by a job with train.{name} = {have[key]!r}, this job "
+                            f"has {value!r}; use another checkpoint.dir or set checkpoint.resume: false")
 
 
 def steady_throughput(step_times: list[float], real: list[int]) -> float:
@@ -108,23 +170,20 @@ def steady_throughput(step_times: list[float], real: list[int]) -> float:
 
 
 class Trainer:
-    def __init__(self, job: JobSpec, run_dir: Path, backend: Backend):
+    def __init__(self, job: JobSpec, run_dir: Path, backend: Backend, flag: StopFlag = FLAG):
         self.job, self.run_dir, self.b = job, run_dir, backend
         self.t = job.train
         self.store = CheckpointStore(checkpoint_root(job, run_dir), self.t.checkpoint.keep)
-        self.flag = StopFlag()
-        self.metrics = {"step_times": [], "data_times": [], "loss_sums": [], "real": [],
-                        "checkpoints": [], "samples": 0}
+        self.flag = flag
+        self.metrics = Metrics()
         self.ledger = None
+        self.lr: float | None = None
 
     # ---------------------------------------------------------------- resume
     def restore(self) -> Progress:
         info = None
         if self.b.rank == 0 and self.t.checkpoint.resume:
-            try:
-                loaded = self.store.latest()
-            except CheckpointError as e:  # pragma: no cover - latest() already skips bad ones
-                raise UserError(str(e)) from None
+            loaded = self.store.latest()
             if loaded is not None:
                 _compatible(self.job, loaded.manifest, loaded.path)
                 self._load(loaded)
@@ -150,143 +209,181 @@ class Trainer:
             tensors, extra = self.b.state()
             manifest = {
                 "step": p.step, "epoch": p.cursor.epoch, "cursor": p.cursor.to_json(),
-                "seed": self.t.seed, "world_size": self.b.size, "batch_size": self.t.batch_size,
-                "backend": self.t.backend, "model": self.t.model,
-                "data": self.job.to_dict()["train"]["data"], "spec_digest": self.job.digest(),
-                "job_id": os.environ.get("SLURM_JOB_ID"), "reason": reason,
-                "versions": self.b.versions(), "extra": extra,
+                "world_size": self.b.size, "batch_size": self.t.batch_size,
+                **resume_identity(self.job), "data": self.job.to_dict()["train"]["data"],
+                "spec_digest": self.job.digest(), "job_id": os.environ.get("SLURM_JOB_ID"),
+                "reason": reason, "versions": self.b.versions(), "extra": extra,
             }
             saved = self.store.save(p.step, tensors, manifest)
-            self.metrics["checkpoints"].append({"step": p.step, "seconds": saved.seconds,
-                                                "bytes": saved.bytes, "reason": reason,
-                                                "path": str(saved.path)})
+            self.metrics.checkpoints.append({"step": p.step, "seconds": saved.seconds,
+                                             "bytes": saved.bytes, "reason": reason,
+                                             "path": str(saved.path)})
             log.info("checkpoint %s (%s, %.3fs)", saved.path, reason, saved.seconds)
         if self.ledger:
             self.ledger.flush()
 
-    # ---------------------------------------------------------------- loop
-    def run(self) -> dict:
-        data = open_data(self.t.data, self.t.seed)
-        self.b.build(data.shape, data.classes)
+    # ---------------------------------------------------------------- run
+    def run(self) -> tuple[dict, Results | None]:
+        from .. import usercode
+
+        data, held = open_train_eval(self.t, self.t.seed, usercode.search_dirs(self.t.pythonpath))
+        self.b.build(data)
         p = self.restore()
-        self.flag.install(sorted({self.t.preemption.signal, "TERM"}))
         if self.t.ledger:
             (self.run_dir / "ledger").mkdir(exist_ok=True)
             attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
             self.ledger = open(self.run_dir / "ledger" / f"rank-{self.b.rank}-attempt-{attempt}.txt", "a")
         sharder = Sharder(len(data), self.b.size, self.b.rank, self.t.batch_size, self.t.seed,
                           self.t.grad_accumulation)
-        ck = self.t.checkpoint
+        policy = Policy(self.job, p.start_step, time.monotonic())
         if self.b.rank == 0:
-            log.info("training: %d ranks, %d samples, %d steps per epoch, from step %d (epoch %d, "
-                     "sample %d)", self.b.size, len(data), sharder.steps_per_epoch(), p.step,
-                     p.cursor.epoch, p.cursor.consumed)
-        last_save = last_log = time.monotonic()
-        stop_reason = None
-        poll = None
+            log.info("training: %d ranks, %d samples%s, %d steps per epoch, from step %d (epoch "
+                     "%d, sample %d)", self.b.size, len(data),
+                     f" (+{len(held)} held out)" if held is not None else "",
+                     sharder.steps_per_epoch(), p.step, p.cursor.epoch, p.cursor.consumed)
+        self.poll = None
+        stop = None
         t_start = time.perf_counter()
-        while p.cursor.epoch < self.t.epochs and stop_reason is None:
-            if self._done(p):
-                break
-            batches = list(sharder.epoch(p.cursor))
-            t0 = time.perf_counter()
-            losses, data_time = [], 0.0
-            fetch0 = time.perf_counter()
-            for batch, x, y, w in self.b.feed(data, batches):
-                data_time += time.perf_counter() - fetch0
-                losses.append(self.b.micro_step(x, y, w, self.b.size / batch.step_real,
-                                                batch.last_in_step))
-                self.metrics["samples"] += batch.real
-                if self.ledger:
-                    real = batch.ids[batch.weights > 0]
-                    self.ledger.write(f"{batch.cursor.epoch} {p.step} {' '.join(map(str, real))}\n")
-                if batch.last_in_step:
-                    p.step += 1
-                    p.cursor = batch.cursor
-                    m = self.metrics
-                    m["step_times"].append(time.perf_counter() - t0)
-                    m["data_times"].append(data_time)
-                    m["loss_sums"].append(losses)
-                    m["real"].append(batch.step_real)
-                    losses, data_time = [], 0.0
-                    save_now = ck.every_steps and p.step % ck.every_steps == 0
-                    # Also right after the first step, so that the first vote (and, for
-                    # TensorFlow, the first run of the step variant that carries it) falls
-                    # inside warm-up rather than into measured training.
-                    if p.step % POLL_STEPS == 0 or p.step == p.start_step + 1:
-                        if poll is not None:
-                            agreed = self.b.poll_result(poll)
-                            if agreed[0]:
-                                stop_reason = "preempted"
-                            save_now = save_now or agreed[1] or agreed[0]
-                        due = ck.every_minutes and time.monotonic() - last_save >= ck.every_minutes * 60
-                        poll = self.b.poll_start([int(self.flag.signal is not None), int(bool(due))])
-                    if save_now and ck.enabled:
-                        self.save(p, "preempted" if stop_reason else "interval")
-                        last_save = time.monotonic()
-                    if self.b.rank == 0 and time.monotonic() - last_log > 30:
-                        log.info("step %d, epoch %d, loss %.4f", p.step, p.cursor.epoch,
-                                 float(sum(self.b.losses_to_floats(m["loss_sums"][-1]))) / batch.step_real)
-                        last_log = time.monotonic()
-                    if stop_reason or self._done(p):
-                        if stop_reason and self.b.rank == 0:
-                            log.info("stopping at step %d after signal %s", p.step, self.flag.signal)
-                        break
-                    t0 = time.perf_counter()
-                fetch0 = time.perf_counter()
-            if stop_reason is None and p.cursor.consumed >= len(data):
+        while p.cursor.epoch < self.t.epochs and stop is None and not policy.done(p.step):
+            stop = self.train_epoch(data, sharder, p, policy)
+            if stop is None and p.cursor.consumed >= len(data):
                 p.cursor = Cursor(p.cursor.epoch + 1, 0)
+                if held is not None and policy.eval_due(p.cursor.epoch):
+                    self.evaluate(held, p)
         elapsed = time.perf_counter() - t_start
-        if poll is not None:
-            self.b.poll_result(poll)          # every rank posted it; every rank collects it
-        if ck.enabled and stop_reason is None and p.step > p.start_step and \
-                not (self.metrics["checkpoints"] and self.metrics["checkpoints"][-1]["step"] == p.step):
+        if self.poll is not None:
+            self.b.poll_result(self.poll)          # every rank posted it; every rank collects it
+        m = self.metrics
+        if self.t.checkpoint.enabled and stop is None and p.step > p.start_step and \
+                not (m.checkpoints and m.checkpoints[-1]["step"] == p.step):
             self.save(p, "final")
+        if held is not None and stop is None and not (m.evals and m.evals[-1]["step"] == p.step):
+            self.evaluate(held, p)
         if self.ledger:
             self.ledger.close()
-        return self._report(p, elapsed, stop_reason, len(data))
+        return self.report(p, elapsed, stop, len(data))
 
-    def _done(self, p: Progress) -> bool:
-        return bool(self.t.max_steps and p.step >= self.t.max_steps)
+    def train_epoch(self, data, sharder: Sharder, p: Progress, policy: Policy) -> str | None:
+        """Train from ``p.cursor`` to the end of its epoch; the stop reason, if stopped."""
+        m = self.metrics
+        batches = list(sharder.epoch(p.cursor))
+        losses: list = []
+        data_time = 0.0
+        t0 = fetch0 = time.perf_counter()
+        first = True
+        for batch, x, y, w in self.b.feed(data, batches):
+            data_time += time.perf_counter() - fetch0
+            if first:
+                self.set_rate(p, sharder, len(data))
+                first = False
+            losses.append(self.b.micro_step(x, y, w, self.b.size / batch.step_real,
+                                            batch.last_in_step))
+            m.samples += batch.real
+            if self.ledger:
+                real = batch.ids[batch.weights > 0]
+                self.ledger.write(f"{batch.cursor.epoch} {p.step} {' '.join(map(str, real))}\n")
+            if batch.last_in_step:
+                p.step += 1
+                p.cursor = batch.cursor
+                m.step_times.append(time.perf_counter() - t0)
+                m.data_times.append(data_time)
+                m.loss_sums.append(losses)
+                m.real.append(batch.step_real)
+                m.lr.append(self.lr)
+                losses, data_time, first = [], 0.0, True
+                stop = self.after_step(p, policy, batch.step_real)
+                if stop or policy.done(p.step):
+                    return stop
+                t0 = time.perf_counter()
+            fetch0 = time.perf_counter()
+        return None
+
+    def set_rate(self, p: Progress, sharder: Sharder, n: int) -> None:
+        """The schedule's rate for the step about to run (set only when it changes)."""
+        end = min(p.cursor.consumed + sharder.step_slots, n)
+        rate = learning_rate(self.t.schedule, self.t.lr, self.b.size, p.cursor.epoch + end / n,
+                             self.t.epochs)
+        if rate != self.lr:
+            self.b.set_lr(rate)
+            self.lr = rate
+
+    def after_step(self, p: Progress, policy: Policy, step_real: int) -> str | None:
+        stop = None
+        save = False
+        if policy.poll_due(p.step):
+            if self.poll is not None:
+                wants_stop, wants_save = self.b.poll_result(self.poll)[:2]
+                stop = "preempted" if wants_stop else None
+                save = bool(wants_stop or wants_save)
+            self.poll = self.b.poll_start([int(self.flag.raised),
+                                           int(policy.time_to_save(time.monotonic()))])
+        if policy.save_due(p.step, save):
+            self.save(p, "preempted" if stop else "interval")
+            policy.saved(time.monotonic())
+        if self.b.rank == 0 and policy.log_due(time.monotonic()):
+            log.info("step %d, epoch %d, loss %.4f, lr %.4g", p.step, p.cursor.epoch,
+                     float(sum(self.b.losses_to_floats(self.metrics.loss_sums[-1]))) / step_real,
+                     self.lr)
+        if stop and self.b.rank == 0:
+            log.info("stopping at step %d after signal %s", p.step, self.flag.signal)
+        return stop
+
+    # ---------------------------------------------------------------- validation
+    def evaluate(self, held, p: Progress) -> dict:
+        """Loss (and accuracy for classes) over the held-out data: each rank a disjoint share,
+        every sample exactly once (padding has weight 0), sums combined across ranks."""
+        ev = self.t.eval
+        sharder = Sharder(len(held), self.b.size, self.b.rank, ev.batch_size or self.t.batch_size,
+                          self.t.seed)
+        loss = correct = real = 0.0
+        for batch, x, y, w in self.b.feed(held, list(sharder.epoch(Cursor(0, 0)))):
+            batch_loss, batch_correct = self.b.eval_step(x, y, w)
+            loss, correct, real = loss + batch_loss, correct + batch_correct, real + batch.real
+        totals = np.sum(self.b.allgather_object([loss, correct, real]), axis=0)
+        record = {"epoch": p.cursor.epoch, "step": p.step, "loss": float(totals[0] / totals[2]),
+                  "accuracy": float(totals[1] / totals[2]) if held.classes is not None else None,
+                  "samples": int(totals[2])}
+        self.metrics.evals.append(record)
+        if self.b.rank == 0:
+            log.info("validation after epoch %d (step %d): loss %.4f%s", record["epoch"], p.step,
+                     record["loss"], f", accuracy {100 * record['accuracy']:.2f}%"
+                     if record["accuracy"] is not None else "")
+        return record
 
     # ---------------------------------------------------------------- results
-    def _report(self, p: Progress, elapsed: float, stop_reason: str | None, n: int) -> dict:
-        from .train import hostname, step_stats
+    def report(self, p: Progress, elapsed: float, stop: str | None, n: int) -> tuple[dict, Results | None]:
+        from .train import hostname
 
         m = self.metrics
-        loss_sums = [float(sum(v)) for v in
-                     (self.b.losses_to_floats(group) for group in m["loss_sums"])]
+        loss_sums = [float(sum(v)) for v in (self.b.losses_to_floats(g) for g in m.loss_sums)]
         checksum = self.b.checksum()
         gathered = self.b.allgather_object({
             "loss_sums": loss_sums, "checksum": checksum, "host": hostname(),
-            "samples": m["samples"], "elapsed": elapsed})
+            "samples": m.samples, "elapsed": elapsed})
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
-                    "samples": m["samples"], "elapsed_s": elapsed, "step_time_s": m["step_times"],
-                    "data_time_s": m["data_times"], "param_checksum": checksum}
-        results = None
-        if self.b.rank == 0:
-            elapsed_max = max(g["elapsed"] for g in gathered)
-            total = sum(g["samples"] for g in gathered)
-            loss = [sum(col) / real for col, real in
-                    zip(zip(*(g["loss_sums"] for g in gathered)), m["real"])]
-            results = {
-                "job": self.job.name, "status": stop_reason or "completed",
-                "backend": self.t.backend, "model": self.t.model, "world_size": self.b.size,
-                "hosts": [g["host"] for g in gathered], "dataset_samples": n,
-                "steps": p.step - p.start_step, "start_step": p.start_step, "final_step": p.step,
-                "cursor": p.cursor.to_json(), "resumed_from": p.resumed_from,
-                "epochs": self.t.epochs, "batch_size_per_rank": self.t.batch_size,
-                "grad_accumulation": self.t.grad_accumulation, "precision": self.t.precision,
-                "samples": total, "elapsed_s": elapsed_max,
-                "samples_per_s": total / elapsed_max if elapsed_max else 0.0,
-                "samples_per_s_steady": steady_throughput(m["step_times"], m["real"]),
-                "samples_per_s_per_rank": [g["samples"] / elapsed_max if elapsed_max else 0.0
-                                           for g in gathered],
-                "step_time_s": step_stats(m["step_times"]), "step_times_s": m["step_times"],
-                "data_wait_fraction": sum(m["data_times"]) / max(sum(m["step_times"]), 1e-12),
-                "checkpoints": m["checkpoints"],
-                "checkpoint_time_s": sum(c["seconds"] for c in m["checkpoints"]),
-                "loss": loss, "param_checksums": [g["checksum"] for g in gathered],
-                "spec_digest": self.job.digest(), "versions": self.b.versions(),
-            }
-        return {"rank": self.b.rank, "per_rank": per_rank, "results": results}
+                    "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
+                    "data_time_s": m.data_times, "param_checksum": checksum}
+        if self.b.rank != 0:
+            return per_rank, None
+        elapsed_max = max(g["elapsed"] for g in gathered)
+        total = sum(g["samples"] for g in gathered)
+        loss = [sum(col) / real for col, real in
+                zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
+        results = Results(
+            job=self.job.name, mode="managed", status=stop or "completed", backend=self.t.backend,
+            model=self.t.model, world_size=self.b.size, hosts=[g["host"] for g in gathered],
+            dataset_samples=n, steps=p.step - p.start_step, start_step=p.start_step,
+            final_step=p.step, cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
+            epochs=self.t.epochs, batch_size_per_rank=self.t.batch_size,
+            grad_accumulation=self.t.grad_accumulation, precision=self.t.precision,
+            samples=total, elapsed_s=elapsed_max,
+            samples_per_s=total / elapsed_max if elapsed_max else 0.0,
+            samples_per_s_steady=steady_throughput(m.step_times, m.real),
+            samples_per_s_per_rank=[g["samples"] / elapsed_max if elapsed_max else 0.0
+                                    for g in gathered],
+            step_time_s=step_stats(m.step_times), step_times_s=m.step_times,
+            data_wait_fraction=sum(m.data_times) / max(sum(m.step_times), 1e-12),
+            checkpoints=m.checkpoints, checkpoint_time_s=sum(c["seconds"] for c in m.checkpoints),
+            loss=loss, lr=m.lr, eval=m.evals, param_checksums=[g["checksum"] for g in gathered],
+            spec_digest=self.job.digest(), versions=self.b.versions())
+        return per_rank, results

@@ -14,7 +14,8 @@ import os
 import numpy as np
 
 from ..errors import UserError
-from ..spec import JobSpec
+from ..spec import JobSpec, Optimizer
+from .backend import HorovodBackend
 
 
 def _imports():
@@ -36,15 +37,26 @@ def tf_vars(variables) -> list:
     return [getattr(v, "value", v) for v in variables]
 
 
-class TensorFlowBackend:
+def make_optimizer(keras, o: Optimizer, lr: float):
+    """The Keras optimizer train.optimizer names; its learning rate is a variable the schedule
+    sets every step."""
+    wd = o.weight_decay or None
+    if o.name == "adam":
+        return keras.optimizers.Adam(learning_rate=lr, beta_1=o.betas[0], beta_2=o.betas[1],
+                                     epsilon=o.eps, weight_decay=wd)
+    if o.name == "adamw":
+        return keras.optimizers.AdamW(learning_rate=lr, beta_1=o.betas[0], beta_2=o.betas[1],
+                                      epsilon=o.eps, weight_decay=o.weight_decay)
+    return keras.optimizers.SGD(learning_rate=lr, momentum=o.momentum, weight_decay=wd)
+
+
+class TensorFlowBackend(HorovodBackend):
     name = "tensorflow"
 
     def __init__(self, job: JobSpec):
-        self.tf, self.keras, self.horovod, self.hvd = _imports()
-        self.job, self.t = job, job.train
-        tf, hvd = self.tf, self.hvd
-        hvd.init()
-        self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.tf, self.keras, self.horovod, hvd = _imports()
+        super().__init__(job, hvd)
+        tf = self.tf
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:                                     # one GPU per rank, by local rank
             gpu = gpus[self.local_rank % len(gpus)]
@@ -54,20 +66,28 @@ class TensorFlowBackend:
         tf.config.threading.set_inter_op_parallelism_threads(1)
         self.keras.utils.set_random_seed(self.t.seed)
 
-    def build(self, shape, classes) -> None:
-        from hpcsuite import models
-
+    def build(self, data) -> None:
         tf, keras, hvd = self.tf, self.keras, self.hvd
+        self.check_loss_fits(data)
+        self.classify = data.classes is not None
         if self.t.precision in ("mixed_float16", "amp"):
             keras.mixed_precision.set_global_policy("mixed_float16")
-        self.model = models.build(self.t.model, "tensorflow", shape, classes)
-        optimizer = keras.optimizers.SGD(learning_rate=self.t.lr, momentum=0.9)
+        self.model = self.make_model(data)
+        if not isinstance(self.model, keras.Model):
+            raise UserError(f"train.model: {self.t.model} returned {type(self.model).__name__}, "
+                            "not a keras.Model (the job's backend is tensorflow)")
+        self.user_loss_fn = self.user_loss()
+        x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
+        out = self.model(x, training=False)             # builds the model's variables too
+        self.check_output(out.shape, len(x), data)
+        self.check_per_sample(self.per_sample_loss(y, tf.cast(out, tf.float32)).shape, len(x))
+        optimizer = make_optimizer(keras, self.t.optimizer, self.t.lr)
         self.mixed = keras.mixed_precision.global_policy().name == "mixed_float16"
+        self.inner_optimizer = optimizer
         if self.mixed:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         self.optimizer = optimizer
         self.optimizer.build(self.model.trainable_variables)
-        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
         h = self.t.horovod
         self.compression = hvd.Compression.fp16 if h.compression == "fp16" else hvd.Compression.none
         self.op = hvd.Adasum if h.op == "adasum" else hvd.Average
@@ -76,16 +96,32 @@ class TensorFlowBackend:
         self.accum = [tf.Variable(tf.zeros_like(v.value), trainable=False) for v in train_vars] \
             if self.t.grad_accumulation > 1 else []
         self._micro = tf.function(self._micro_step, reduce_retracing=True)
+        self._eval = tf.function(self._eval_step, reduce_retracing=True)
         self._scales: dict[float, object] = {}
         self._poll: dict | None = None
         # Trace every variant now (batch dimension left open, so all batches match): a trace
         # costs a quarter of a second, which would otherwise land in some training step.
-        specs = (tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int64),
+        ytype = tf.int64 if self.classify else tf.float32
+        specs = (tf.TensorSpec([None, *data.shape], tf.float32),
+                 tf.TensorSpec([None, *data.target_shape], ytype),
                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32))
         self._micro.get_concrete_function(*specs, True)
         self._micro.get_concrete_function(*specs, True, tf.TensorSpec([2], tf.int32))
         if self.t.grad_accumulation > 1:
             self._micro.get_concrete_function(*specs, False)
+
+    def per_sample_loss(self, y, out):
+        tf, keras = self.tf, self.keras
+        if self.user_loss_fn is not None:
+            return self.user_loss_fn(out, y)
+        if self.t.loss == "mse":
+            n = tf.shape(out)[0]
+            diff = tf.reshape(out, [n, -1]) - tf.reshape(tf.cast(y, out.dtype), [n, -1])
+            return tf.reduce_mean(tf.square(diff), axis=1)
+        return keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
+
+    def set_lr(self, lr: float) -> None:
+        self.inner_optimizer.learning_rate.assign(lr)
 
     # ---------------------------------------------------------------- data
     def feed(self, data, batches):
@@ -101,15 +137,17 @@ class TensorFlowBackend:
             return
         ids = np.stack([b.ids for b in batches])
         weights = np.stack([b.weights for b in batches])
-        shape = data.shape
+        shape, target = data.shape, tuple(data.target_shape)
+        ytype = tf.int64 if data.classes is not None else tf.float32
 
         def fetch(i):
             return data.get(ids[int(i)])
 
         ds = tf.data.Dataset.range(len(batches))
-        ds = ds.map(lambda i: (i, *tf.numpy_function(fetch, [i], [tf.float32, tf.int64])),
+        ds = ds.map(lambda i: (i, *tf.numpy_function(fetch, [i], [tf.float32, ytype])),
                     num_parallel_calls=d.workers, deterministic=True)
-        ds = ds.map(lambda i, x, y: (i, tf.ensure_shape(x, (None, *shape)), tf.ensure_shape(y, (None,))))
+        ds = ds.map(lambda i, x, y: (i, tf.ensure_shape(x, (None, *shape)),
+                                     tf.ensure_shape(y, (None, *target))))
         ds = ds.prefetch(d.prefetch)
         for i, x, y in ds:
             i = int(i)
@@ -121,8 +159,8 @@ class TensorFlowBackend:
         model_vars = self.model.trainable_variables
         accumulate = self.t.grad_accumulation > 1
         with tf.GradientTape() as tape:
-            logits = self.model(x, training=True)
-            per_sample = self.loss_fn(y, logits) * w
+            logits = self.tf.cast(self.model(x, training=True), self.tf.float32)
+            per_sample = self.per_sample_loss(y, logits) * w
             loss = tf.reduce_sum(per_sample) * scale
             if self.mixed:
                 loss = self.optimizer.scale_loss(loss)
@@ -178,6 +216,19 @@ class TensorFlowBackend:
     def losses_to_floats(self, losses):
         return [float(v) for v in losses]
 
+    def _eval_step(self, x, y, w):
+        tf = self.tf
+        out = tf.cast(self.model(x, training=False), tf.float32)
+        loss = tf.reduce_sum(self.per_sample_loss(y, out) * w)
+        if not self.classify:
+            return loss, tf.constant(0.0)
+        hit = tf.cast(tf.equal(tf.argmax(out, axis=1), tf.cast(y, tf.int64)), tf.float32)
+        return loss, tf.reduce_sum(hit * w)
+
+    def eval_step(self, x, y, w) -> tuple[float, float]:
+        loss, correct = self._eval(x, y, w)
+        return float(loss), float(correct)
+
     # ---------------------------------------------------------------- state
     def state(self):
         model = {v.path: np.asarray(v.numpy()) for v in self.model.variables}
@@ -202,12 +253,6 @@ class TensorFlowBackend:
         self.hvd.broadcast_variables(tf_vars(self.model.variables) + tf_vars(self.optimizer.variables),
                                      root_rank=0)
 
-    def broadcast_object(self, obj):
-        return self.hvd.broadcast_object(obj, root_rank=0, name="hpcsuite.object")
-
-    def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj, name="hpcsuite.gather")
-
     def checksum(self) -> str:
         h = hashlib.sha256()
         for v in sorted(self.model.variables, key=lambda v: v.path):
@@ -216,12 +261,5 @@ class TensorFlowBackend:
         return h.hexdigest()
 
     def versions(self) -> dict:
-        from mpi4py import MPI
-
-        return {"tensorflow": self.tf.__version__, "keras": self.keras.__version__,
-                "horovod": self.horovod.__version__,
-                "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
-                "numpy": np.__version__}
-
-    def shutdown(self):
-        self.hvd.shutdown()
+        return {**self.common_versions(), "tensorflow": self.tf.__version__,
+                "keras": self.keras.__version__}

@@ -8,7 +8,8 @@ import signal
 import numpy as np
 
 from ..errors import UserError
-from ..spec import JobSpec
+from ..spec import JobSpec, Optimizer
+from .backend import HorovodBackend
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -41,11 +42,22 @@ def _imports():
     return torch, horovod, hvd
 
 
+def make_optimizer(torch, o: Optimizer, params, lr: float):
+    """The torch optimizer train.optimizer names (its rate is set every step by the schedule)."""
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=tuple(o.betas), eps=o.eps,
+                                weight_decay=o.weight_decay)
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), eps=o.eps,
+                                 weight_decay=o.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
+
+
 class _Batches:
     """torch Dataset over one epoch's micro-batches of the shared index stream."""
 
-    def __init__(self, spec, seed, batches):
-        self.spec, self.seed, self.batches = spec, seed, batches
+    def __init__(self, recipe, batches):
+        self.recipe, self.batches = recipe, batches    # recipe: how a worker reopens the data
         self._data = None
 
     def bind(self, data):
@@ -59,24 +71,22 @@ class _Batches:
         import torch
 
         if self._data is None:               # in a DataLoader worker: open our own view
-            from .data import open_data
-            self._data = open_data(self.spec, self.seed)
+            from .data import reopen
+            self._data = reopen(self.recipe)
         b = self.batches[i]
         x, y = self._data.get(b.ids)
         return i, torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(b.weights)
 
     def __getstate__(self):                  # workers re-open data instead of copying it
-        return {"spec": self.spec, "seed": self.seed, "batches": self.batches, "_data": None}
+        return {"recipe": self.recipe, "batches": self.batches, "_data": None}
 
 
-class TorchBackend:
+class TorchBackend(HorovodBackend):
     name = "torch"
 
     def __init__(self, job: JobSpec):
-        self.torch, self.horovod, self.hvd = _imports()
-        self.job, self.t = job, job.train
-        self.hvd.init()
-        self.rank, self.size, self.local_rank = self.hvd.rank(), self.hvd.size(), self.hvd.local_rank()
+        self.torch, self.horovod, hvd = _imports()
+        super().__init__(job, hvd)
         torch = self.torch
         self.device = pick_device(self.local_rank, torch.cuda.is_available(),
                                   torch.cuda.device_count() if torch.cuda.is_available() else 0)
@@ -85,29 +95,57 @@ class TorchBackend:
         torch.set_num_threads(job.resources.cpus_per_task)
         torch.manual_seed(self.t.seed)
 
-    def build(self, shape, classes) -> None:
-        from hpcsuite import models
-
+    def build(self, data) -> None:
         torch, hvd = self.torch, self.hvd
-        self.model = models.build(self.t.model, "torch", shape, classes).to(self.device)
-        opt = torch.optim.SGD(self.model.parameters(), lr=self.t.lr, momentum=0.9)
+        self.check_loss_fits(data)
+        self.classify = data.classes is not None
+        self.model = self.make_model(data)
+        if not isinstance(self.model, torch.nn.Module):
+            raise UserError(f"train.model: {self.t.model} returned {type(self.model).__name__}, "
+                            "not a torch.nn.Module (the job's backend is torch)")
+        self.model = self.model.to(self.device)
+        enabled, kind, dtype, scaler = autocast_settings(self.t.precision, self.device)
+        self.autocast = dict(device_type=kind, enabled=enabled,
+                             dtype=getattr(torch, dtype) if dtype else None)
+        self.scaler = torch.amp.GradScaler("cuda") if scaler else None
+        self.user_loss_fn = self.user_loss()
+        self._dry_run(data)
+        opt = make_optimizer(torch, self.t.optimizer, self.model.parameters(), self.t.lr)
         h = self.t.horovod
         self.optimizer = hvd.DistributedOptimizer(
             opt, named_parameters=self.model.named_parameters(),
             compression=hvd.Compression.fp16 if h.compression == "fp16" else hvd.Compression.none,
             op=hvd.Adasum if h.op == "adasum" else hvd.Average,
             backward_passes_per_step=self.t.grad_accumulation)
-        enabled, kind, dtype, scaler = autocast_settings(self.t.precision, self.device)
-        self.autocast = dict(device_type=kind, enabled=enabled,
-                             dtype=getattr(torch, dtype) if dtype else None)
-        self.scaler = torch.amp.GradScaler("cuda") if scaler else None
-        self.loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
+
+    def _dry_run(self, data) -> None:
+        """Two samples through the model and the loss: a model or loss that does not fit the
+        data fails here, in one line, not somewhere inside the first step."""
+        torch = self.torch
+        x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
+        x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        with torch.no_grad(), torch.autocast(**self.autocast):
+            out = self.model(x)
+            self.check_output(out.shape, len(x), data)
+            self.check_per_sample(self.per_sample_loss(out.float(), y).shape, len(x))
+
+    def per_sample_loss(self, out, y):
+        torch = self.torch
+        if self.user_loss_fn is not None:
+            return self.user_loss_fn(out, y)
+        if self.t.loss == "mse":
+            return ((out.reshape(len(out), -1) - y.reshape(len(y), -1)) ** 2).mean(dim=1)
+        return torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     # ---------------------------------------------------------------- data
     def feed(self, data, batches):
         torch = self.torch
         d = self.t.data
-        dataset = _Batches(d, self.t.seed, batches)
+        dataset = _Batches(getattr(data, "recipe", None), batches)
         if d.workers == 0:
             dataset.bind(data)
         cuda = self.device.startswith("cuda")
@@ -141,7 +179,7 @@ class TorchBackend:
     def micro_step(self, x, y, w, scale, last):
         torch = self.torch
         with torch.autocast(**self.autocast):
-            per_sample = self.loss_fn(self.model(x).float(), y) * w
+            per_sample = self.per_sample_loss(self.model(x).float(), y) * w
         # Scaled so that Horovod's average over ranks is the mean over the step's real
         # samples: padded slots have weight 0 and never count.
         loss = per_sample.sum() * scale
@@ -163,6 +201,19 @@ class TorchBackend:
 
     def losses_to_floats(self, losses):
         return [float(v) for v in losses]
+
+    def eval_step(self, x, y, w) -> tuple[float, float]:
+        """(sum of weighted losses, weighted count of correct predictions) for one batch."""
+        torch = self.torch
+        self.model.eval()
+        try:
+            with torch.no_grad(), torch.autocast(**self.autocast):
+                out = self.model(x).float()
+                loss = float((self.per_sample_loss(out, y) * w).sum())
+                correct = float(((out.argmax(dim=1) == y).float() * w).sum()) if self.classify else 0.0
+        finally:
+            self.model.train()
+        return loss, correct
 
     # ---------------------------------------------------------------- state
     def state(self):
@@ -188,8 +239,6 @@ class TorchBackend:
             _, idx, key = name.split(".", 2)
             state.setdefault(int(idx), {})[key] = torch.from_numpy(np.array(arr)).to(self.device)
         groups = extra.get("optimizer_param_groups") or self.optimizer.state_dict()["param_groups"]
-        for g in groups:
-            g["lr"] = self.t.lr            # the job spec's learning rate wins on resume
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         if self.scaler and "grad_scaler" in extra:
             self.scaler.load_state_dict(extra["grad_scaler"])
@@ -197,12 +246,6 @@ class TorchBackend:
     def broadcast_state(self):
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-
-    def broadcast_object(self, obj):
-        return self.hvd.broadcast_object(obj, root_rank=0, name="hpcsuite.object")
-
-    def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj, name="hpcsuite.gather")
 
     def poll_start(self, values):
         t = self.torch.tensor(values, dtype=self.torch.int32)
@@ -219,11 +262,5 @@ class TorchBackend:
         return h.hexdigest()
 
     def versions(self) -> dict:
-        from mpi4py import MPI
-
-        return {"torch": self.torch.__version__, "horovod": self.horovod.__version__,
-                "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
-                "numpy": np.__version__, "cuda": self.torch.version.cuda}
-
-    def shutdown(self):
-        self.hvd.shutdown()
+        return {**self.common_versions(), "torch": self.torch.__version__,
+                "cuda": self.torch.version.cuda}

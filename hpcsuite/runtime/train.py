@@ -1,4 +1,11 @@
-"""`hpcsuite train`: what every rank runs inside the job."""
+"""`hpcsuite train`: what every rank runs inside the job.
+
+In order: catch the preemption signals (before the seconds of importing a framework), read the
+job, then either the managed loop (:mod:`.loop`) or the user's own script (script mode, with
+:mod:`hpcsuite.api`). A mistake in user code ends this rank at once with the user's traceback,
+printed by the first rank that fails (the others say one line), so the launcher ends the whole
+job in seconds instead of it waiting for a collective until the walltime.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +13,17 @@ import json
 import logging
 import os
 import socket
-import statistics
 import sys
+import traceback
 from pathlib import Path
 
 from ..errors import UserError
-from ..results import write_json_atomic
 from ..spec import JobSpec, spec_from_dict
+from .signals import FLAG
 
 log = logging.getLogger(__name__)
+
+FAILED_MARKER = "FAILED"   # FAILED-attempt-N: the first failure of attempt N was reported
 
 
 def load_job(path: str) -> JobSpec:
@@ -27,17 +36,14 @@ def load_job(path: str) -> JobSpec:
     return spec_from_dict(data, path)
 
 
-def step_stats(times: list[float]) -> dict:
-    if not times:
-        return {"count": 0, "mean": 0.0, "median": 0.0, "p90": 0.0, "min": 0.0, "max": 0.0}
-    ordered = sorted(times)
-    return {"count": len(times), "mean": statistics.fmean(times), "median": statistics.median(times),
-            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
-            "min": ordered[0], "max": ordered[-1]}
-
-
 def hostname() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def rank_from_env() -> int:
+    from .ranks import from_env
+
+    return from_env().rank
 
 
 def make_backend(job: JobSpec):
@@ -49,36 +55,97 @@ def make_backend(job: JobSpec):
 
 
 def main(job_path: str) -> None:
-    from .loop import PREEMPTED_MARKER, Trainer
-
     job = load_job(job_path)
+    FLAG.install([job.train.preemption.signal, "TERM"])
     run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
-    backend = make_backend(job)
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s rank {backend.rank} %(name)s: %(message)s",
+    rank = rank_from_env()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s: %(message)s",
                         force=True)   # the CLI configured WARNING level for login-node use
     try:
-        report = Trainer(job, run_dir, backend).run()
+        if job.train.script:
+            from .script import run_script
+            run_script(job, run_dir)
+        else:
+            run_managed(job, run_dir)
+    except UserError as e:
+        fail(run_dir, rank, f"error: {e}", code=2)
+    except SystemExit as e:   # the user's script called sys.exit
+        if e.code not in (None, 0):
+            fail(run_dir, rank, f"the script exited with {e.code!r}", code=e.code if
+                 isinstance(e.code, int) else 1)
+    except BaseException as e:  # noqa: BLE001 - user code can raise anything
+        fail(run_dir, rank, user_traceback(e), code=1)
+
+
+def run_managed(job: JobSpec, run_dir: Path) -> None:
+    from .loop import Trainer
+
+    backend = make_backend(job)
+    try:
+        per_rank, results = Trainer(job, run_dir, backend).run()
     finally:
         backend.shutdown()
-    rank = report["rank"]
-    write_json_atomic(run_dir / f"rank-{rank}.json", report["per_rank"])
-    if rank != 0:
+    finish(run_dir, per_rank, results)
+
+
+def finish(run_dir: Path, per_rank: dict, results) -> None:
+    """Write this rank's record; on rank 0 also results.json and the preemption marker that
+    the template's requeue logic reads."""
+    from ..results import write_json_atomic
+    from .loop import PREEMPTED_MARKER
+
+    write_json_atomic(run_dir / f"rank-{per_rank['rank']}.json", per_rank)
+    if results is None:
         return
     from .. import slurm
 
-    results = report["results"]
-    results["job_id"] = os.environ.get("SLURM_JOB_ID")
-    results["attempt"] = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    results.job_id = os.environ.get("SLURM_JOB_ID")
+    results.attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
-    results["versions"]["slurm"] = done.stdout.strip() or None
-    results["versions"]["python"] = sys.version.split()[0]
-    write_json_atomic(run_dir / "results.json", results)
+    results.versions["slurm"] = done.stdout.strip() or None
+    results.versions["python"] = sys.version.split()[0]
+    path = results.write(run_dir)
     marker = run_dir / PREEMPTED_MARKER
-    if results["status"] == "preempted":
-        marker.write_text(f"{results['final_step']}\n")
+    if results.status == "preempted":
+        marker.write_text(f"{results.final_step}\n")
     else:
         marker.unlink(missing_ok=True)
-    print(f"hpcsuite train: {results['status']} at step {results['final_step']}; wrote "
-          f"{run_dir / 'results.json'} ({results['samples_per_s']:.1f} samples/s on "
-          f"{results['world_size']} ranks)", flush=True)
+    print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
+          f"({results.samples_per_s:.1f} samples/s on {results.world_size} ranks)", flush=True)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame outside hpcsuite (the user's code) on."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = str(Path(__file__).resolve().parent.parent)
+    start = next((i for i, f in enumerate(frames) if not f.filename.startswith(package)), 0)
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[start:]),
+             *traceback.format_exception_only(type(exc), exc)]
+    return "".join(lines).rstrip()
+
+
+def fail(run_dir: Path, rank: int, text: str, code: int) -> None:
+    """Report a failure once for the whole job and end this rank now.
+
+    The first rank to fail creates FAILED in the run directory and prints everything; a rank
+    that fails after it prints one line. ``os._exit``: a clean exit would wait in Horovod's
+    shutdown for ranks that are still waiting for this one."""
+    head = f"hpcsuite train: rank {rank} on {hostname()} failed"
+    first = True
+    marker = run_dir / f"{FAILED_MARKER}-attempt-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"rank {rank}\n{text}\n")
+    except FileExistsError:
+        first = False
+    except OSError:
+        pass
+    if first:
+        print(f"{head}:\n{text}", file=sys.stderr, flush=True)
+    else:
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        print(f"{head} too ({last}); the first failure is reported above", file=sys.stderr,
+              flush=True)
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,99 @@
+"""What both framework backends share: Horovod's object collectives, the precision rules, the
+model (built-in or the user's builder) and the checks that it fits the data.
+
+A backend subclass adds the framework: the model's forward and backward pass, the optimizer,
+the data adapter and its own tensor collectives (:mod:`.torch_backend`, :mod:`.tf_backend`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UserError
+from ..spec import JobSpec, precision_problem
+
+
+class HorovodBackend:
+    name = "?"
+
+    def __init__(self, job: JobSpec, hvd):
+        self.job, self.t, self.hvd = job, job.train, hvd
+        problem = precision_problem(self.name, self.t.precision)
+        if problem:
+            raise UserError(f"train.precision: {problem}")
+        hvd.init()
+        self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+
+    # ---------------------------------------------------------------- the model
+    def model_target(self, data):
+        """The second argument of a model builder: the number of classes, or the target shape."""
+        return data.classes if data.classes is not None else tuple(data.target_shape)
+
+    def check_loss_fits(self, data) -> None:
+        loss = self.t.loss
+        if loss == "cross_entropy" and data.classes is None:
+            raise UserError(f"train.loss: cross_entropy needs integer class labels; the data has "
+                            f"float targets of shape {tuple(data.target_shape)} (use mse or your "
+                            "own loss)")
+        if loss == "mse" and data.classes is not None:
+            raise UserError("train.loss: mse needs float targets; the data has integer class "
+                            "labels (use cross_entropy)")
+
+    def make_model(self, data):
+        """The built-in model or the user's builder, called with (input shape, classes)."""
+        from .. import models, usercode
+
+        ref = usercode.parse(self.t.model)
+        target = self.model_target(data)
+        if ref is None:
+            if data.classes is None:
+                width = int(np.prod(target)) if target else 1
+                return models.build(self.t.model, self.name, tuple(data.shape), width)
+            return models.build(self.t.model, self.name, tuple(data.shape), data.classes)
+        builder = usercode.load(ref, usercode.search_dirs(self.t.pythonpath))
+        return builder(tuple(data.shape), target)
+
+    def user_loss(self):
+        from .. import usercode
+
+        ref = usercode.parse(self.t.loss)
+        return usercode.load(ref, usercode.search_dirs(self.t.pythonpath)) if ref else None
+
+    def check_output(self, out_shape, batch: int, data) -> None:
+        """One line when the model's output does not fit the data."""
+        out_shape = tuple(int(d) for d in out_shape)
+        if data.classes is not None:
+            want = (batch, data.classes)
+            what = f"{data.classes} classes"
+        else:
+            want = (batch, *data.target_shape)
+            what = f"targets of shape {tuple(data.target_shape)}"
+        fits = out_shape == want or (data.classes is None and not data.target_shape
+                                     and out_shape in ((batch,), (batch, 1)))
+        if not fits:
+            raise UserError(f"train.model: {self.t.model} gives outputs of shape {list(out_shape)} "
+                            f"for a batch of {batch} inputs of shape {list(data.shape)}; the data "
+                            f"needs {list(want)} ({what})")
+
+    def check_per_sample(self, loss_shape, batch: int) -> None:
+        if tuple(int(d) for d in loss_shape) != (batch,):
+            raise UserError(f"train.loss: {self.t.loss} must return one loss per sample (shape "
+                            f"[{batch}]) so padded samples can be left out; it returned shape "
+                            f"{[int(d) for d in loss_shape]}")
+
+    # ---------------------------------------------------------------- collectives on objects
+    def broadcast_object(self, obj):
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hpcsuite.object")
+
+    def allgather_object(self, obj):
+        return self.hvd.allgather_object(obj, name="hpcsuite.gather")
+
+    def common_versions(self) -> dict:
+        import horovod
+        from mpi4py import MPI
+
+        return {"horovod": horovod.__version__, "numpy": np.__version__,
+                "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 ")}
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
