@@ -77,9 +77,25 @@ class Results:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Results":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_json(cls, data: dict, source: str = "results") -> "Results":
+        """Known keys, each checked against the type of its default (TypeError naming the key
+        otherwise); unknown keys are ignored (a newer hpcsuite wrote them)."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            want = {list: list, dict: dict, bool: bool, int: int, float: (int, float),
+                    str: str}.get(type(default))
+            if value is not None and want is not None and (not isinstance(value, want) or
+                                                           isinstance(value, bool) and want is not bool):
+                raise TypeError(f"{f.name}: expected {getattr(want, '__name__', 'a number')}, got "
+                                f"{type(value).__name__}")
+            if value is None and default is not None:
+                raise TypeError(f"{f.name}: must not be null")
+            values[f.name] = value
+        return cls(**values)
 
     @classmethod
     def load(cls, path: str | Path) -> "Results":
@@ -100,7 +116,7 @@ class Results:
         try:
             return cls.from_json(data)
         except TypeError as e:
-            raise UserError(f"{path}: not an hpcsuite results file ({e})") from None
+            raise UserError(f"{path}: {e}") from None
 
     def write(self, run_dir: str | Path) -> Path:
         path = Path(run_dir) / RESULTS

@@ -86,7 +86,8 @@ def check(ref: UserRef, dirs: list[Path]) -> str | None:
         source = path.read_bytes()
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as e:
-        return f"{ref.text}: {path}:{e.lineno}: syntax error: {e.msg}"
+        where = f"{path}:{e.lineno}" if e.lineno else str(path)
+        return f"{ref.text}: {where}: syntax error: {e.msg}"
     except (OSError, ValueError) as e:   # unreadable, NUL bytes
         return f"{ref.text}: {path}: cannot read it ({getattr(e, 'strerror', None) or e})"
     if ref.name not in defined_names(tree):

@@ -115,10 +115,15 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The traceback from the first frame outside hpcsuite (the user's code) on."""
+    """The traceback from the user's first frame on: the first frame in neither hpcsuite nor
+    an installed package or the standard library (those under sys.prefix), else the first
+    frame outside hpcsuite."""
     frames = traceback.extract_tb(exc.__traceback__)
     package = str(Path(__file__).resolve().parent.parent)
-    start = next((i for i, f in enumerate(frames) if not f.filename.startswith(package)), 0)
+    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    outside = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
+    user = [i for i in outside if not frames[i].filename.startswith(installed)]
+    start = (user or outside or [0])[0]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[start:]),
              *traceback.format_exception_only(type(exc), exc)]
     return "".join(lines).rstrip()

@@ -1,0 +1,77 @@
+"""hpcsuite.api in one process (no MPI): the sharding, checkpoints, stop flag and results a
+script-mode job gets. tests/test_e2e_user.py runs it on 2 ranks through Slurm."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hpcsuite import api
+from hpcsuite.errors import UserError
+from hpcsuite.results import Results
+from hpcsuite.runtime.signals import StopFlag
+from hpcsuite.spec import spec_from_dict
+
+
+def make_run(tmp_path, **train):
+    job = spec_from_dict({"name": "s", "train": {"script": "train.py", "batch_size": 4, "epochs": 2,
+                                                 "checkpoint": {"every_steps": 3}, **train}}, "t")
+    run_dir = tmp_path / "runs" / "s" / "1"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return api.Run(None, job=job, run_dir=run_dir)
+
+
+def test_batches_cover_every_sample_once_per_epoch(tmp_path):
+    run = make_run(tmp_path)
+    seen = {0: [], 1: []}
+    for batch in run.batches(10):
+        seen[batch.cursor.epoch if batch.cursor.consumed < 10 else batch.cursor.epoch].extend(
+            batch.ids[batch.weights > 0].tolist())
+        run.log(loss=1.0)
+    assert sorted(seen[0]) == list(range(10)) and sorted(seen[1]) == list(range(10))
+    assert run.step == 6 and run.epoch == 2
+
+
+def test_save_restore_continues_where_it_stopped(tmp_path):
+    run = make_run(tmp_path)
+    done = []
+    for batch in run.batches(10):
+        done.extend(batch.ids[batch.weights > 0].tolist())
+        if run.checkpoint_due():
+            run.save({"model": {"w": np.full(3, run.step, np.float32)}}, extra={"note": "hi"})
+            break
+    assert run.step == 3
+    again = make_run(tmp_path)
+    restored = again.restore()
+    assert restored.step == 3 and restored.extra == {"note": "hi"}
+    assert restored.state["model"]["w"].tolist() == [3, 3, 3]
+    for batch in again.batches(10):
+        done.extend(batch.ids[batch.weights > 0].tolist())
+    assert sorted(done) == sorted(list(range(10)) * 2) and again.step == 6
+
+
+def test_a_checkpoint_of_another_script_is_refused(tmp_path):
+    run = make_run(tmp_path)
+    next(iter(run.batches(10)))
+    run.save({"w": np.zeros(1)})
+    with pytest.raises(UserError, match="written by train.script 'train.py'"):
+        make_run(tmp_path, script="other.py").restore()
+
+
+def test_stop_flag_finish_and_results(tmp_path):
+    run = make_run(tmp_path, checkpoint={"every_steps": 0})
+    run._flag = StopFlag()
+    for batch in run.batches(30):
+        run.log(loss=0.5, acc=0.9)
+        if run.step == 3:
+            run._flag.signal = "SIGUSR1"          # what the handler does
+        if run.should_stop():
+            run.save({"w": np.ones(2)})
+            break
+    assert run.step == 10                         # the ranks vote on the first call, then every 10th
+    run.finish(params={"w": np.ones(2)}, final_score=3)
+    r = Results.load(run.run_dir / "results.json")
+    assert (r.mode, r.status, r.final_step, r.loss) == ("script", "preempted", 10, [0.5] * 10)
+    assert r.metrics == {"acc": [0.9] * 10, "final_score": 3} and len(r.param_checksums) == 1
+    assert (run.run_dir / "PREEMPTED").read_text() == "10\n"
+    assert json.loads((run.run_dir / "rank-0.json").read_text())["steps"] == 10
