@@ -68,3 +68,37 @@ def test_step_real_counts_real_samples_of_the_whole_step():
     s = Sharder(10, 2, 1, 3, seed=0)          # global batch 6: steps of 6 and 4 real
     assert [b.step_real for b in s.epoch(Cursor())] == [6, 4]
     assert [int(b.weights.sum()) for b in s.epoch(Cursor())] == [3, 1]
+
+
+def _reference_epoch(s: Sharder, cursor: Cursor):
+    """The sharding rule written out one micro-batch at a time (the layer computes blocks)."""
+    perm = np.random.default_rng([s.seed, cursor.epoch]).permutation(s.n)
+    micro = s.world * s.batch
+    step_start = cursor.consumed
+    while step_start < s.n:
+        step_real = min(s.n - step_start, s.step_slots)
+        for k in range(s.accumulation):
+            start = step_start + k * micro + s.rank * s.batch
+            slots = np.arange(start, start + s.batch)
+            real = slots < s.n
+            ids = perm[np.where(real, slots, slots % s.n)]
+            order = np.argsort(ids, kind="stable")
+            last = k == s.accumulation - 1
+            yield (ids[order].tolist(), real[order].astype(np.float32).tolist(), int(real.sum()),
+                   step_real, last, (cursor.epoch, min(step_start + s.step_slots, s.n) if last else step_start))
+        step_start += s.step_slots
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), world=st.integers(1, 5), batch=st.integers(1, 9),
+       acc=st.integers(1, 3), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 3),
+       skip=st.integers(0, 50), block=st.sampled_from([1, 2, 7, 256]))
+def test_block_computation_matches_the_rule_batch_by_batch(n, world, batch, acc, seed, epoch,
+                                                           skip, block):
+    for rank in range(world):
+        s = Sharder(n, world, rank, batch, seed, acc)
+        s.BLOCK_STEPS = block
+        consumed = min(skip * s.step_slots, n)
+        got = [(b.ids.tolist(), b.weights.tolist(), b.real, b.step_real, b.last_in_step,
+                (b.cursor.epoch, b.cursor.consumed)) for b in s.epoch(Cursor(epoch, consumed))]
+        assert got == list(_reference_epoch(s, Cursor(epoch, consumed)))

@@ -15,13 +15,12 @@ number of steps, and each real id appears exactly once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Cursor:
+class Cursor(NamedTuple):
     """Position in the sample stream: ``consumed`` real+padded slots into ``epoch``."""
 
     epoch: int = 0
@@ -35,8 +34,8 @@ class Cursor:
         return cls(int(data["epoch"]), int(data["consumed"]))
 
 
-@dataclass(frozen=True)
-class Batch:
+class Batch(NamedTuple):
+    """One micro-batch of one rank (a named tuple: one is made per step, so it must be cheap)."""
     ids: np.ndarray       # int64 sample ids, length B
     weights: np.ndarray   # float32, 1 for real samples, 0 for padding
     real: int             # real samples in this micro-batch (weights.sum())
@@ -68,25 +67,33 @@ class Sharder:
         """Optimizer steps left in an epoch from ``consumed``."""
         return -(-max(self.n - consumed, 0) // self.step_slots)
 
+    # Steps whose micro-batches are computed together: numpy works on whole blocks instead
+    # of a dozen small calls per micro-batch, and a block's index arrays stay small.
+    BLOCK_STEPS = 256
+
     def epoch(self, cursor: Cursor):
         """Yield this rank's micro-batches from ``cursor`` to the end of its epoch."""
         perm = permutation(self.n, self.seed, cursor.epoch)
-        micro = self.world * self.batch
-        step_start = cursor.consumed
-        while step_start < self.n:
-            step_real = min(self.n - step_start, self.step_slots)
-            for k in range(self.accumulation):
-                start = step_start + k * micro + self.rank * self.batch
-                slots = np.arange(start, start + self.batch)
-                real = slots < self.n
-                ids = perm[np.where(real, slots, slots % self.n)]
-                # Ascending ids within a micro-batch: order inside a batch does not matter
-                # to the loss, and sorted ids let the loader read each shard front to back.
-                order = np.argsort(ids, kind="stable")
-                ids, real = ids[order], real[order]
-                last = k == self.accumulation - 1
-                after = min(step_start + self.step_slots, self.n) if last else step_start
-                yield Batch(ids=ids.astype(np.int64), weights=real.astype(np.float32),
-                            real=int(real.sum()), step_real=step_real, last_in_step=last,
-                            cursor=Cursor(cursor.epoch, after))
-            step_start += self.step_slots
+        micro, k_last = self.world * self.batch, self.accumulation - 1
+        offsets = np.arange(self.accumulation)[:, None] * micro + self.rank * self.batch + \
+            np.arange(self.batch)[None, :]                          # [K, B] within a step
+        for first in range(cursor.consumed, self.n, self.step_slots * self.BLOCK_STEPS):
+            starts = np.arange(first, min(first + self.step_slots * self.BLOCK_STEPS, self.n),
+                               self.step_slots)                      # [S] step starts
+            slots = starts[:, None, None] + offsets[None]             # [S, K, B]
+            real = slots < self.n
+            ids = perm[np.where(real, slots, slots % self.n)]
+            # Ascending ids within a micro-batch: order inside a batch does not matter to the
+            # loss, and sorted ids let the loader read each shard front to back.
+            order = np.argsort(ids, axis=-1, kind="stable")
+            ids = np.take_along_axis(ids, order, -1).astype(np.int64)
+            real = np.take_along_axis(real, order, -1)
+            weights, counts = real.astype(np.float32), real.sum(-1).tolist()
+            for s, step_start in enumerate(starts.tolist()):
+                step_real = min(self.n - step_start, self.step_slots)
+                after = Cursor(cursor.epoch, min(step_start + self.step_slots, self.n))
+                within = Cursor(cursor.epoch, step_start)
+                for k in range(self.accumulation):
+                    last = k == k_last
+                    yield Batch(ids[s, k], weights[s, k], counts[s][k], step_real, last,
+                                after if last else within)
