@@ -87,7 +87,7 @@ class Run:
 
     def __init__(self, hvd=None, job: JobSpec | None = None, run_dir: str | Path | None = None):
         global _ACTIVE
-        from .runtime.loop import POLL_STEPS, Policy, checkpoint_root
+        from .runtime.loop import VOTE_SECONDS, Policy, checkpoint_root
         from .runtime.checkpoint import CheckpointStore
         from .runtime.sharding import Cursor
         from .runtime.signals import FLAG
@@ -108,9 +108,12 @@ class Run:
         self.resumed_from: str | None = None
         self.store = CheckpointStore(checkpoint_root(job, self.run_dir), self.t.checkpoint.keep)
         self._policy = Policy(job, 0, time.monotonic())
-        self._poll_steps = POLL_STEPS
+        self.vote_seconds = VOTE_SECONDS     # the ranks vote on stopping about this often
         self._flag = FLAG
         self._calls = 0
+        self._next_vote = 1
+        self._call_times: list[float] = []
+        self._last_call = time.perf_counter()
         self._save_agreed = False
         self._stopped = False
         self._metrics: dict[str, list[float]] = {}
@@ -205,16 +208,24 @@ class Run:
     # ---------------------------------------------------------------- stopping and saving
     def should_stop(self) -> bool:
         """True on every rank at the same call once any rank got the preemption signal
-        (collective: call it once per optimizer step on every rank). The ranks vote every
-        few steps, so a stop takes effect within that many steps."""
+        (collective: call it once per optimizer step on every rank). The ranks vote about
+        every ``vote_seconds`` (at least every step when steps are slower than that), so a
+        stop takes effect within one interval."""
+        from .runtime.loop import Policy
+
         self._calls += 1
+        now = time.perf_counter()
+        self._call_times.append(now - self._last_call)
+        self._last_call = now
         if self._stopped:
             return True
-        if self._calls % self._poll_steps and self._calls != 1:
+        if self._calls < self._next_vote:
             return False
         votes = self.hvd.allgather_object(
-            [int(self._flag.raised), int(self._policy.time_to_save(time.monotonic()))],
+            [int(self._flag.raised), int(self._policy.time_to_save(time.monotonic())),
+             Policy.propose_interval(self._call_times[1:] or self._call_times, self.vote_seconds)],
             name="hpcsuite.api.poll")
+        self._next_vote = self._calls + min(v[2] for v in votes)   # the same on every rank
         self._save_agreed = any(v[1] for v in votes)
         if any(v[0] for v in votes):
             self._stopped = True

@@ -32,10 +32,15 @@ from .signals import FLAG, StopFlag
 log = logging.getLogger(__name__)
 
 # Ranks agree on time- and signal-driven decisions (checkpoint now, stop now) through one tiny
-# allreduce posted every POLL_STEPS optimizer steps and read POLL_STEPS steps later: it runs
-# alongside the gradient traffic instead of stalling a step, and every rank acts on the same
-# step because every rank posts and reads at the same steps.
-POLL_STEPS = 10
+# allreduce (a "vote") posted at a step and read at the next vote step: it runs alongside the
+# gradient traffic instead of stalling a step, and every rank acts on the same step because
+# every rank posts and reads at the same steps. A vote costs a step's worth of Horovod calls
+# (~0.5 ms of CPU in PyTorch), so the votes are spaced by time: each vote also carries every
+# rank's proposal for the next interval (about VOTE_SECONDS of steps), and all ranks adopt the
+# smallest. Agreement then takes one to two intervals, whatever the step time.
+POLL_STEPS = 10            # the interval until the step time is known
+VOTE_SECONDS = 0.25
+MAX_POLL_STEPS = 1000
 PREEMPTED_MARKER = "PREEMPTED"
 LOG_SECONDS = 30
 
@@ -48,7 +53,7 @@ class Backend(Protocol):
 
     def build(self, data) -> None: ...
     def feed(self, data, batches: list[Batch]) -> Iterator[tuple[Batch, object, object, object]]: ...
-    def micro_step(self, x, y, w, scale: float, last: bool) -> object: ...
+    def micro_step(self, x, y, w, scale: float, last: bool, padded: bool) -> object: ...
     def eval_step(self, x, y, w) -> tuple[float, float]: ...
     def set_lr(self, lr: float) -> None: ...
     def losses_to_floats(self, losses: list) -> list[float]: ...
@@ -92,12 +97,28 @@ class Policy:
         self.t = job.train
         self.start_step = start_step
         self.last_save = self.last_log = now
+        # The first vote right after the first step, so that it (and, for TensorFlow, the
+        # first run of the step variant that carries it) falls inside warm-up.
+        self.next_poll = start_step + 1
+        self.poll_every = POLL_STEPS
 
     def poll_due(self, step: int) -> bool:
-        # Also right after the first step, so that the first vote (and, for TensorFlow, the
-        # first run of the step variant that carries it) falls inside warm-up rather than into
-        # measured training.
-        return step % POLL_STEPS == 0 or step == self.start_step + 1
+        return step >= self.next_poll
+
+    @staticmethod
+    def propose_interval(step_times: list[float], seconds: float = VOTE_SECONDS) -> int:
+        """Steps between votes for about ``seconds``, from the recent step times."""
+        recent = sorted(step_times[-20:])
+        if not recent:
+            return POLL_STEPS
+        median = recent[len(recent) // 2]
+        return max(1, min(MAX_POLL_STEPS, int(seconds / max(median, 1e-6))))
+
+    def polled(self, step: int, agreed_every: int | None) -> None:
+        """A vote was read (with the ranks' agreed interval, if one was voted) and posted."""
+        if agreed_every:
+            self.poll_every = agreed_every
+        self.next_poll = step + self.poll_every
 
     def time_to_save(self, now: float) -> bool:
         minutes = self.t.checkpoint.every_minutes
@@ -277,7 +298,7 @@ class Trainer:
                 self.set_rate(p, sharder, len(data))
                 first = False
             losses.append(self.b.micro_step(x, y, w, self.b.size / batch.step_real,
-                                            batch.last_in_step))
+                                            batch.last_in_step, batch.real < len(batch.ids)))
             m.samples += batch.real
             if self.ledger:
                 real = batch.ids[batch.weights > 0]
@@ -300,6 +321,9 @@ class Trainer:
 
     def set_rate(self, p: Progress, sharder: Sharder, n: int) -> None:
         """The schedule's rate for the step about to run (set only when it changes)."""
+        s = self.t.schedule
+        if self.lr is not None and s.decay == "constant" and p.cursor.epoch >= s.warmup_epochs:
+            return   # past any warm-up a constant schedule has nothing to compute
         end = min(p.cursor.consumed + sharder.step_slots, n)
         rate = learning_rate(self.t.schedule, self.t.lr, self.b.size, p.cursor.epoch + end / n,
                              self.t.epochs)
@@ -311,12 +335,16 @@ class Trainer:
         stop = None
         save = False
         if policy.poll_due(p.step):
+            agreed = None
             if self.poll is not None:
-                wants_stop, wants_save = self.b.poll_result(self.poll)[:2]
+                wants_stop, wants_save, smallest = self.b.poll_result(self.poll)
                 stop = "preempted" if wants_stop else None
                 save = bool(wants_stop or wants_save)
+                agreed = -smallest          # sent negated: Max over ranks is their minimum
             self.poll = self.b.poll_start([int(self.flag.raised),
-                                           int(policy.time_to_save(time.monotonic()))])
+                                           int(policy.time_to_save(time.monotonic())),
+                                           -policy.propose_interval(self.metrics.step_times)])
+            policy.polled(p.step, agreed)
         if policy.save_due(p.step, save):
             self.save(p, "preempted" if stop else "interval")
             policy.saved(time.monotonic())
