@@ -265,9 +265,19 @@ class Python:
         return self.n
 
     def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x, y = self._fetch(ids)
-        return (x if x.dtype == np.float32 else x.astype(np.float32),
-                y.astype(np.int64 if self._y_int else np.float32, copy=False))
+        # The dataset was checked when opened; per batch only what it returned is converted
+        # (every step pays for this call, so no more than that).
+        x, y = self.ds[ids]
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        want = np.int64 if self._y_int else np.float32
+        if y.dtype != want:
+            y = y.astype(want)
+        if len(x) != len(ids) or len(y) != len(ids):
+            raise UserError(f"{self.key}: {self.ref}: ds[ids] for {len(ids)} ids returned "
+                            f"{len(x)} inputs and {len(y)} targets")
+        return x, y
 
 
 class Subset:

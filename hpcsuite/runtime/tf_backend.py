@@ -106,7 +106,7 @@ class TensorFlowBackend(HorovodBackend):
                  tf.TensorSpec([None, *data.target_shape], ytype),
                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32))
         self._micro.get_concrete_function(*specs, True)
-        self._micro.get_concrete_function(*specs, True, tf.TensorSpec([2], tf.int32))
+        self._micro.get_concrete_function(*specs, True, tf.TensorSpec([3], tf.int32))
         if self.t.grad_accumulation > 1:
             self._micro.get_concrete_function(*specs, False)
 
@@ -187,7 +187,7 @@ class TensorFlowBackend(HorovodBackend):
             return tf.reduce_sum(per_sample), hvd.allreduce(poll, op=hvd.Max, name="hpcsuite.poll")
         return tf.reduce_sum(per_sample)
 
-    def micro_step(self, x, y, w, scale, last):
+    def micro_step(self, x, y, w, scale, last, padded=True):
         tf = self.tf
         if scale not in self._scales:           # a handful of values: full and last steps
             self._scales[scale] = tf.constant(scale, tf.float32)

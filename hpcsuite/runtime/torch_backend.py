@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import signal
 
@@ -107,8 +108,12 @@ class TorchBackend(HorovodBackend):
         enabled, kind, dtype, scaler = autocast_settings(self.t.precision, self.device)
         self.autocast = dict(device_type=kind, enabled=enabled,
                              dtype=getattr(torch, dtype) if dtype else None)
+        # Entering a disabled autocast context still costs every step; skip it then.
+        self.precision_context = (lambda: torch.autocast(**self.autocast)) if enabled \
+            else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler("cuda") if scaler else None
         self.user_loss_fn = self.user_loss()
+        self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
         opt = make_optimizer(torch, self.t.optimizer, self.model.parameters(), self.t.lr)
         h = self.t.horovod
@@ -151,9 +156,10 @@ class TorchBackend(HorovodBackend):
         cuda = self.device.startswith("cuda")
         if d.workers == 0 and not cuda:
             # In-process loading: the DataLoader machinery would only add per-batch cost.
-            for i in range(len(dataset)):
-                _, x, y, w = dataset[i]
-                yield batches[i], x, y, w
+            from_numpy = torch.from_numpy
+            for b in batches:
+                x, y = data.get(b.ids)
+                yield b, from_numpy(x), from_numpy(y), from_numpy(b.weights)
             return
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=None, shuffle=False, num_workers=d.workers, pin_memory=cuda,
@@ -176,13 +182,22 @@ class TorchBackend(HorovodBackend):
             yield batches[i], x, y, w
 
     # ---------------------------------------------------------------- step
-    def micro_step(self, x, y, w, scale, last):
+    def micro_step(self, x, y, w, scale, last, padded=True):
+        """One micro-batch forward and backward (and the optimizer step after the last one).
+        Returns (tensor, factor): the micro-batch's loss sum is float(tensor) * factor."""
         torch = self.torch
-        with torch.autocast(**self.autocast):
-            per_sample = self.per_sample_loss(self.model(x).float(), y) * w
-        # Scaled so that Horovod's average over ranks is the mean over the step's real
-        # samples: padded slots have weight 0 and never count.
-        loss = per_sample.sum() * scale
+        with self.precision_context():
+            out = self.model(x).float()
+        # The loss is scaled so that Horovod's average over ranks is the mean over the step's
+        # real samples: padded slots have weight 0 and never count.
+        if not padded and self.plain_loss and abs(scale * len(y) - 1.0) < 1e-9:
+            # A full, unpadded step: that scaled sum is the plain mean, one op.
+            loss = torch.nn.functional.cross_entropy(out, y)
+            result = (loss.detach(), float(len(y)))
+        else:
+            loss_sum = (self.per_sample_loss(out, y) * w).sum()
+            loss = loss_sum * scale
+            result = (loss_sum.detach(), 1.0)
         if self.scaler:
             self.scaler.scale(loss).backward()
         else:
@@ -197,10 +212,10 @@ class TorchBackend(HorovodBackend):
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad()
-        return per_sample.detach().sum()
+        return result
 
     def losses_to_floats(self, losses):
-        return [float(v) for v in losses]
+        return [float(t) * factor for t, factor in losses]
 
     def eval_step(self, x, y, w) -> tuple[float, float]:
         """(sum of weighted losses, weighted count of correct predictions) for one batch."""
