@@ -19,14 +19,23 @@ def steady(times: list[float], per_step: int) -> float:
     return per_step * len(times[skip:]) / sum(times[skip:])
 
 
+def build_model(a, backend: str):
+    """The built-in model, or with --model-ref the user's builder, loaded as hpcsuite does."""
+    from hpcsuite import models, usercode
+
+    ref = usercode.parse(a.model_ref) if a.model_ref else None
+    if ref is None:
+        return models.build(a.model, backend, tuple(a.shape), a.classes)
+    return usercode.load(ref, usercode.search_dirs([]))(tuple(a.shape), a.classes)
+
+
 def run_torch(a) -> float | None:
     import torch
     import horovod.torch as hvd
-    from hpcsuite import models
 
     hvd.init()
     torch.set_num_threads(1)
-    model = models.build(a.model, "torch", tuple(a.shape), a.classes)
+    model = build_model(a, "torch")
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -49,12 +58,11 @@ def run_tensorflow(a) -> float | None:
     import tensorflow as tf
     import keras
     import horovod.tensorflow as hvd
-    from hpcsuite import models
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    model = models.build(a.model, "tensorflow", tuple(a.shape), a.classes)
+    model = build_model(a, "tensorflow")
     opt = keras.optimizers.SGD(0.01, momentum=0.9)
     opt.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -84,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backend", choices=["torch", "tensorflow"], required=True)
     ap.add_argument("--model", default="mlp")
+    ap.add_argument("--model-ref", default=None, help="FILE.py:function, a user's model builder")
     ap.add_argument("--shape", type=int, nargs="+", default=[32])
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64)
