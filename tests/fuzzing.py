@@ -103,6 +103,19 @@ SPEC_FIELDS = {
     "train.preemption.lead_seconds": (st.integers(0, 30), st.integers(3600, 99999)),
     "train.horovod.cycle_time_ms": (st.floats(0, 100), st.floats(-1, -0.1)),
     "train.seed": (st.integers(0, 2**32 - 1), st.integers(2**32, 2**40)),
+    "train.model": (st.sampled_from(["mlp", "resnet"]),
+                    st.sampled_from(["net.py:build", "../x.py:f", "a b.py:f", "pkg.mod:", "x.py:1f"])),
+    "train.loss": (st.just("cross_entropy"), st.sampled_from(["mse", "nope.py:f", "hinge"])),
+    "train.pythonpath": (st.lists(hostile_text, max_size=2), st.just([""])),
+    "train.data.kind": (st.just("synthetic"), st.sampled_from(["python", "hdf5", "csv"])),
+    "train.data.args": (st.dictionaries(st.sampled_from(["n", "part", "seed"]), values, max_size=3),
+                        st.dictionaries(hostile_text, values, max_size=2)),
+    "train.eval.split": (st.floats(0, 0.5), st.floats(0.95, 2)),
+    "train.optimizer.name": (st.sampled_from(["sgd", "adam", "adamw"]), st.just("lamb")),
+    "train.schedule.decay": (st.sampled_from(["constant", "step", "cosine"]), st.just("linear")),
+    "train.schedule.warmup_epochs": (st.floats(0, 5), st.floats(-3, -1)),
+    "train.script": (st.just(None), st.sampled_from(["train.py", "x.sh", "../a.py"])),
+    "train.args": (st.lists(hostile_text, max_size=3), st.just("--lr 1")),
 }
 
 

@@ -76,3 +76,21 @@ def test_stop_flag_finish_and_results(tmp_path):
     assert r.metrics == {"acc": [0.9] * 3, "final_score": 3} and len(r.param_checksums) == 1
     assert (run.run_dir / "PREEMPTED").read_text() == "3\n"
     assert json.loads((run.run_dir / "rank-0.json").read_text())["steps"] == 3
+
+
+def test_a_retired_flag_ignores_a_late_signal():
+    """After a rank's work is recorded, a preemption signal must not kill it during shutdown
+    (Python's finalization would restore the default action, terminate)."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal\n"
+            "from hpcsuite.runtime.signals import FLAG\n"
+            "FLAG.install(['USR1', 'TERM'])\n"
+            "FLAG.retire()\n"
+            "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN\n"
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "print('alive')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "alive"), done.stderr

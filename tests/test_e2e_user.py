@@ -106,14 +106,15 @@ def _wait_for(path: Path, text: str, timeout: float = 180) -> None:
     raise AssertionError(f"{text!r} never appeared in {path}")
 
 
-def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits):
+@pytest.mark.parametrize("name", ["digits-script-torch", "digits-script-tf"])
+def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits, name):
     cluster, env = local_cluster
-    job_id = run_cli("submit", "digits-script-torch.yaml", "--set", "train.epochs=400",
+    job_id = run_cli("submit", f"{name}.yaml", "--set", "train.epochs=400",
                      "--set", "train.checkpoint.every_steps=100000", cwd=digits, env=env,
                      check=True).stdout.strip()
-    log = digits / "runs" / "digits-script-torch" / f"slurm-{job_id}.out"
-    _wait_for(log, "step ")                      # training has begun (a progress line or more)
-    time.sleep(3)
+    log = digits / "runs" / name / f"slurm-{job_id}.out"
+    _wait_for(log, "step ")                      # training has begun (the first step is logged)
+    time.sleep(1)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
     deadline = time.monotonic() + 600
     state = {}
@@ -129,7 +130,7 @@ def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits):
     text = log.read_text()
     assert state["state"] == "COMPLETED", text[-3000:]
     assert "hpcsuite script: preempted at step" in text and "requeueing job" in text
-    r = json.loads((digits / "runs" / "digits-script-torch" / job_id / "results.json").read_text())
+    r = json.loads((digits / "runs" / name / job_id / "results.json").read_text())
     assert r["attempt"] == 1 and r["status"] == "completed" and r["mode"] == "script"
     assert 0 < r["start_step"] < r["final_step"] == 400 * 23
     assert r["resumed_from"] and len(set(r["param_checksums"])) == 1

@@ -74,7 +74,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        run.log(loss=float((per_sample * weights).sum()) / max(batch.real, 1))
+        run.log(loss=float((per_sample * weights).sum().detach()) / max(batch.real, 1))
         if run.should_stop():                     # a preemption signal: save and leave
             run.save(checkpoint(model, optimizer))
             break

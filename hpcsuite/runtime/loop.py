@@ -96,7 +96,8 @@ class Policy:
     def __init__(self, job: JobSpec, start_step: int, now: float):
         self.t = job.train
         self.start_step = start_step
-        self.last_save = self.last_log = now
+        self.last_save = now
+        self.last_log = float("-inf")   # the first step is logged: training has begun
         # The first vote right after the first step, so that it (and, for TensorFlow, the
         # first run of the step variant that carries it) falls inside warm-up.
         self.next_poll = start_step + 1

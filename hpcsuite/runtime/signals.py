@@ -24,6 +24,15 @@ class StopFlag:
     def _handler(self, signum, frame) -> None:
         self.signal = signal.Signals(signum).name
 
+    def retire(self) -> None:
+        """Ignore these signals from now on: this rank's work is done and recorded.
+
+        Python's finalization puts its handlers back to the default action (terminate), so a
+        preemption signal that arrives while the interpreter and Horovod shut down would turn a
+        completed rank into a failed job; an ignored signal stays ignored through finalization."""
+        for name in self.installed:
+            signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
     @property
     def raised(self) -> bool:
         return self.signal is not None

@@ -75,6 +75,7 @@ def main(job_path: str) -> None:
                  isinstance(e.code, int) else 1)
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
         fail(run_dir, rank, user_traceback(e), code=1)
+    FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 
 def run_managed(job: JobSpec, run_dir: Path) -> None:
