@@ -300,6 +300,9 @@ class Run:
             loss=metrics.pop("loss", []), param_checksums=[g["checksum"] for g in gathered
                                                           if g["checksum"] is not None],
             spec_digest=self.job.digest(), metrics={**metrics, **extra})
+        if params is not None:                  # what the script's allreduce carries, at best
+            results.gradient_tensors = len(params)
+            results.gradient_bytes = 4 * sum(int(np.asarray(v).size) for v in params.values())
         results.job_id = os.environ.get("SLURM_JOB_ID")
         results.attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         results.versions = _versions()

@@ -87,6 +87,14 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
     if job.train.loss == "mse" and job.train.data.kind in ("synthetic", "npy") and not job.train.script:
         out.append(Finding("error", "train.loss", f"mse needs float targets; {job.train.data.kind} "
                                                   "data has class labels (use cross_entropy)"))
+    if not job.train.horovod.allreduce:
+        if job.train.script:
+            out.append(Finding("error", "train.horovod.allreduce", "false has no effect in script "
+                                                                   "mode: the script does its own allreduce"))
+        else:
+            out.append(Finding("warning", "train.horovod.allreduce",
+                               "false: the ranks never exchange gradients, each trains its own "
+                               "replica (a benchmark's no-communication limit, not training)"))
     r = job.resources
     if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
         out.append(Finding("warning", "resources.tasks_per_node",

@@ -69,6 +69,8 @@ class Results:
     lr: list[float] = field(default_factory=list)           # learning rate of each step
     eval: list[dict] = field(default_factory=list)          # epoch, step, loss, accuracy, samples
     param_checksums: list[str] = field(default_factory=list)
+    gradient_tensors: int = 0                               # tensors one step allreduces
+    gradient_bytes: int = 0                                 # their size in float32
     spec_digest: str | None = None
     versions: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)             # script mode: the script's own

@@ -144,6 +144,9 @@ class HorovodKnobs(Record):
         "abort the job when a stall lasts this long, e.g. after a dead rank (0: never)", min=0))
     timeline: bool = field(default=False, metadata=_m("write a Horovod timeline to the run directory"))
     autotune: bool = field(default=False, metadata=_m("let Horovod tune fusion and cycle time"))
+    allreduce: bool = field(default=True, metadata=_m(
+        "false: skip the gradient allreduce, each rank trains its own replica (benchmarks only: "
+        "the no-communication limit a scaling study compares with)"))
 
 
 @record

@@ -65,6 +65,7 @@ class Backend(Protocol):
     def poll_start(self, values: list[int]) -> object: ...
     def poll_result(self, handle: object) -> list[int]: ...
     def checksum(self) -> str: ...
+    def gradient_sizes(self) -> list[int]: ...
     def versions(self) -> dict: ...
     def shutdown(self) -> None: ...
 
@@ -398,6 +399,7 @@ class Trainer:
         total = sum(g["samples"] for g in gathered)
         loss = [sum(col) / real for col, real in
                 zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
+        sizes = self.b.gradient_sizes()
         results = Results(
             job=self.job.name, mode="managed", status=stop or "completed", backend=self.t.backend,
             model=self.t.model, world_size=self.b.size, hosts=[g["host"] for g in gathered],
@@ -414,5 +416,6 @@ class Trainer:
             data_wait_fraction=sum(m.data_times) / max(sum(m.step_times), 1e-12),
             checkpoints=m.checkpoints, checkpoint_time_s=sum(c["seconds"] for c in m.checkpoints),
             loss=loss, lr=m.lr, eval=m.evals, param_checksums=[g["checksum"] for g in gathered],
-            spec_digest=self.job.digest(), versions=self.b.versions())
+            spec_digest=self.job.digest(), versions=self.b.versions(),
+            gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes))
         return per_rank, results

@@ -172,8 +172,11 @@ class TensorFlowBackend(HorovodBackend):
                 target = loss + tf.add_n([tf.reduce_sum(tf.stop_gradient(a) * tf.cast(v.value, a.dtype))
                                           for a, v in zip(self.accum, model_vars)])
         if last:
-            dtape = hvd.DistributedGradientTape(tape, compression=self.compression, op=self.op)
-            grads = dtape.gradient(target, tf_vars(model_vars))
+            if self.t.horovod.allreduce:
+                dtape = hvd.DistributedGradientTape(tape, compression=self.compression, op=self.op)
+                grads = dtape.gradient(target, tf_vars(model_vars))
+            else:                            # the no-communication limit: no gradient allreduce
+                grads = tape.gradient(target, tf_vars(model_vars))
             self.optimizer.apply_gradients(zip(grads, model_vars))
             if accumulate:
                 for a in self.accum:
@@ -252,6 +255,10 @@ class TensorFlowBackend(HorovodBackend):
     def broadcast_state(self):
         self.hvd.broadcast_variables(tf_vars(self.model.variables) + tf_vars(self.optimizer.variables),
                                      root_rank=0)
+
+    def gradient_sizes(self) -> list[int]:
+        """Elements of each gradient the allreduce carries (the trainable variables)."""
+        return [int(np.prod(v.shape)) for v in self.model.trainable_variables]
 
     def checksum(self) -> str:
         h = hashlib.sha256()

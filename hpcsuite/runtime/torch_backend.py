@@ -117,6 +117,9 @@ class TorchBackend(HorovodBackend):
         self._dry_run(data)
         opt = make_optimizer(torch, self.t.optimizer, self.model.parameters(), self.t.lr)
         h = self.t.horovod
+        if not h.allreduce:                  # the no-communication limit: no gradient allreduce
+            self.optimizer = opt
+            return
         self.optimizer = hvd.DistributedOptimizer(
             opt, named_parameters=self.model.named_parameters(),
             compression=hvd.Compression.fp16 if h.compression == "fp16" else hvd.Compression.none,
@@ -268,6 +271,10 @@ class TorchBackend(HorovodBackend):
 
     def poll_result(self, handle):
         return [int(v) for v in self.hvd.synchronize(handle)]
+
+    def gradient_sizes(self) -> list[int]:
+        """Elements of each gradient the allreduce carries (the trainable parameters)."""
+        return [p.numel() for p in self.model.parameters() if p.requires_grad]
 
     def checksum(self) -> str:
         h = hashlib.sha256()
