@@ -1,0 +1,685 @@
+"""Scaling studies: a base job swept over axes, each point a Slurm job, kept in one bundle.
+
+A study spec (YAML, validated like a job spec) names a base job spec and the axes to sweep.
+:func:`plan` expands it into points (every combination of the axes, times the repeats), each
+a complete job spec checked against the site's rules before anything is submitted. Beside the
+training points come the no-communication limit (the same job with
+``train.horovod.allreduce: false``) and one allreduce benchmark per multi-rank allocation, so
+the report can read each point's efficiency against what the hardware allows and explain it
+with the ring-allreduce model (:mod:`hpcsuite.alphabeta`).
+
+The study directory is the bundle::
+
+    study.yaml             the study spec as given
+    bundle.json            where the base spec sits in inputs/, external inputs, when made
+    inputs/                the base spec's directory: spec, user code, data
+    points.json            the expanded points (id, kind, axes, repeat, job name)
+    points/ID/job.yaml     each point's resolved job spec; job.sbatch, the rendered script
+    environment.json       versions: hpcsuite, Python, torch, TensorFlow, Horovod build, MPI, Slurm, git
+    inputs.sha256          sha256 of every input (``sha256sum -c`` reads it)
+    state.json             job id, Slurm state and attempts of each point
+    runs/                  the jobs' run directories (results.json, logs)
+
+Every point runs from ``inputs/``, so a study is re-run from its bundle alone
+(:func:`rerun`) and two bundles are compared input by input (:mod:`hpcsuite.study_report`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from .errors import ConfigError, UserError, show
+from .records import Record, record
+from .schema import build, read_yaml
+from .spec import PATH, PATH_HELP, JobSpec
+
+STUDY_FILE = "study.yaml"
+POINTS_FILE = "points.json"
+STATE_FILE = "state.json"
+BUNDLE_FILE = "bundle.json"
+MANIFEST = "inputs.sha256"
+ENVIRONMENT = "environment.json"
+MAX_ATTEMPTS = 3
+# A bundle copies the base spec's directory; these never belong in it.
+SKIPPED_DIRS = {"runs", "studies", "__pycache__", "node_modules"}
+MAX_BUNDLE_FILES = 2000
+MAX_BUNDLE_BYTES = 512 << 20
+
+# Axis names a study may sweep, and the job key each sets.
+AXES = {
+    "nodes": "resources.nodes",
+    "tasks_per_node": "resources.tasks_per_node",
+    "batch_size": "train.batch_size",
+    "precision": "train.precision",
+    "grad_accumulation": "train.grad_accumulation",
+}
+HOROVOD_AXES = ("compression", "op", "fusion_threshold_mb", "cycle_time_ms", "autotune")
+# The axes that say where a point runs; the others make a series.
+PLACEMENT = ("nodes", "tasks_per_node")
+
+
+def _m(help: str = "", **kw) -> dict:
+    return {"help": help, **kw}
+
+
+@record
+class Study(Record):
+    name: str = field(metadata=_m("study name (the study directory and job names derive from it)",
+                                  pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}",
+                                  pattern_help="letters, digits, _ . - (at most 40)"))
+    base: str = field(metadata=_m("the base job spec (YAML), relative to the study file",
+                                  pattern=PATH, pattern_help=PATH_HELP))
+    mode: Literal["weak", "strong"] = field(default="weak", metadata=_m(
+        "weak: batch_size is per rank and stays fixed; strong: batch_size is the global batch, "
+        "split over the ranks"))
+    axes: dict[str, list[Any]] = field(default_factory=dict, metadata=_m(
+        "what to sweep: nodes, tasks_per_node, batch_size, precision, grad_accumulation, "
+        "horovod.<knob> (compression, op, fusion_threshold_mb, cycle_time_ms, autotune)"))
+    repeats: int = field(default=2, metadata=_m("jobs per point", min=1, max=50))
+    warmup_steps: int = field(default=10, metadata=_m("steps left out of the timing", min=0,
+                                                      max=100000))
+    steps: int = field(default=50, metadata=_m("measured steps per job", min=3, max=10**7))
+    limit: bool = field(default=True, metadata=_m(
+        "also run each point without the gradient allreduce: the no-communication limit"))
+    allreduce_bench: bool = field(default=True, metadata=_m(
+        "measure allreduce on each multi-rank allocation, for the ring-allreduce model"))
+    max_in_flight: int = field(default=1, metadata=_m(
+        "jobs of this study queued or running at once (jobs that run together share nodes "
+        "and network: more finishes sooner and measures noisier)", min=1, max=1000))
+    output_dir: str = field(default="studies", metadata=_m(
+        "where the study directory goes, relative to the study file",
+        pattern=PATH, pattern_help=PATH_HELP))
+
+
+def load_study(path: str) -> Study:
+    study = build(Study, read_yaml(path), path)
+    for key, values in study.axes.items():
+        if key not in AXES and not (key.startswith("horovod.") and key[8:] in HOROVOD_AXES):
+            valid = ", ".join([*AXES, *(f"horovod.{k}" for k in HOROVOD_AXES)])
+            raise ConfigError(path, f"axes.{key}", f"not an axis a study sweeps; valid: {valid}")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(path, f"axes.{key}", "expected a non-empty list of values")
+        if len(values) > 64:
+            raise ConfigError(path, f"axes.{key}", f"{len(values)} values; at most 64")
+        if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+            raise ConfigError(path, f"axes.{key}", "a value appears twice")
+    count = 1
+    for values in study.axes.values():
+        count *= len(values)
+    if count * study.repeats > 2000:
+        raise ConfigError(path, "axes", f"{count} points × {study.repeats} repeats is more than "
+                                        "2000 jobs")
+    return study
+
+
+def axis_key(axis: str) -> str:
+    return AXES.get(axis) or f"train.{axis}"
+
+
+# ---------------------------------------------------------------------- points
+
+@record
+class Point(Record):
+    id: str                     # p03-r1, p03L-r1 (limit), a02 (allreduce benchmark)
+    kind: str                   # train | limit | allreduce
+    config: str                 # p03: the configuration (same for its repeats and its limit)
+    axes: dict                  # axis -> value, with nodes and tasks_per_node always present
+    repeat: int
+    job_name: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def ranks(self) -> int:
+        return int(self.axes["nodes"]) * int(self.axes["tasks_per_node"])
+
+
+def expand(study: Study, base: JobSpec) -> list[Point]:
+    """Every point, in submission order: repeat by repeat, each configuration's training job
+    next to its limit, so slow drift of the machine falls on both alike."""
+    axes = dict(study.axes)
+    axes.setdefault("nodes", [base.resources.nodes])
+    axes.setdefault("tasks_per_node", [base.resources.tasks_per_node])
+    names = list(axes)
+    configs = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+    points = []
+    for repeat in range(study.repeats):
+        for i, config in enumerate(configs):
+            cid = f"p{i:02d}"
+            kinds = ["train", "limit"] if study.limit and not base.train.script else ["train"]
+            for kind in kinds:
+                pid = f"{cid}{'L' if kind == 'limit' else ''}-r{repeat}"
+                points.append(Point(pid, kind, cid, config, repeat, f"{study.name}-{pid}"))
+    if study.allreduce_bench:
+        places = sorted({(int(c["nodes"]), int(c["tasks_per_node"])) for c in configs})
+        for j, (nodes, tpn) in enumerate(p for p in places if p[0] * p[1] >= 2):
+            pid = f"a{j:02d}"
+            points.append(Point(pid, "allreduce", pid, {"nodes": nodes, "tasks_per_node": tpn},
+                                0, f"{study.name}-{pid}"))
+    return points
+
+
+def point_sets(study: Study, base: JobSpec, point: Point, output_dir: str) -> list[str]:
+    """The --set assignments that make ``point`` out of the base job."""
+    values: dict[str, Any] = {axis_key(a): v for a, v in point.axes.items()}
+    if study.mode == "strong":
+        global_batch = point.axes.get("batch_size", base.train.batch_size)
+        ranks = point.ranks
+        if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch % ranks:
+            raise UserError(f"axes.batch_size: strong scaling splits the global batch "
+                            f"{show(global_batch)} over {ranks} ranks, which does not divide it")
+        values["train.batch_size"] = global_batch // ranks
+    values.update({
+        "name": point.job_name, "output_dir": output_dir,
+        "train.max_steps": study.warmup_steps + study.steps,
+        "train.epochs": 1000000,                 # max_steps ends the job
+        "train.checkpoint.every_steps": 0, "train.checkpoint.every_minutes": 0,
+        "train.checkpoint.resume": False, "train.preemption.requeue": False,
+    })
+    if point.kind == "limit":
+        values["train.horovod.allreduce"] = False
+    return [f"{k}={json.dumps(v)}" for k, v in values.items()]
+
+
+# ---------------------------------------------------------------------- the bundle
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def copy_inputs(src: Path, dest: Path, exclude: Path | None = None) -> int:
+    """Copy the base spec's directory into the bundle (hidden entries, run and study
+    directories left out); the number of files."""
+    count = size = 0
+    for root, dirs, files in os.walk(src):
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS
+                         and not (exclude and (here / d).resolve() == exclude.resolve()))
+        for name in sorted(files):
+            path = here / name
+            if name.startswith(".") or path.is_symlink() or not path.is_file():
+                continue
+            count += 1
+            size += path.stat().st_size
+            if count > MAX_BUNDLE_FILES or size > MAX_BUNDLE_BYTES:
+                raise UserError(f"{src}: more than {MAX_BUNDLE_FILES} files or "
+                                f"{MAX_BUNDLE_BYTES >> 20} MiB; a study bundle copies the base "
+                                "spec's directory, so keep the base spec in a project directory "
+                                "of its own (large data can stay outside, by absolute path)")
+            target = dest / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    return count
+
+
+def external_inputs(job: JobSpec) -> list[str]:
+    """Absolute paths the job reads that a bundle records by hash instead of copying."""
+    paths = [job.train.data.path] if job.train.data.path else []
+    if job.train.eval and job.train.eval.data and job.train.eval.data.path:
+        paths.append(job.train.eval.data.path)
+    for ref in (job.train.model, job.train.loss, job.train.data.factory, job.train.script):
+        if ref and (ref.endswith(".py") or ".py:" in ref):
+            paths.append(ref.split(":")[0] if ".py:" in ref else ref)
+    return sorted({p for p in paths if Path(p).is_absolute()})
+
+
+def write_manifest(study_dir: Path, external: dict[str, str]) -> None:
+    lines = []
+    for path in sorted(study_dir.rglob("*")):
+        rel = path.relative_to(study_dir)
+        if not path.is_file() or rel.parts[0] in ("runs", "report") or rel.name in (
+                MANIFEST, STATE_FILE, "allreduce.yaml") or rel.name.startswith("."):
+            continue
+        lines.append(f"{_sha256(path)}  {rel}")
+    lines += [f"{digest}  {path}" for path, digest in sorted(external.items())]
+    (study_dir / MANIFEST).write_text("\n".join(lines) + "\n")
+
+
+def read_manifest(study_dir: Path) -> dict[str, str]:
+    path = study_dir / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{study_dir}: not a study bundle (no {MANIFEST})")
+    out = {}
+    for line in path.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name:
+            out[name] = digest
+    return out
+
+
+def verify_bundle(study_dir: Path) -> None:
+    """Refuse a bundle whose inputs no longer match their recorded sha256."""
+    for name, digest in read_manifest(study_dir).items():
+        path = Path(name) if Path(name).is_absolute() else study_dir / name
+        if not path.is_file():
+            raise UserError(f"{study_dir}/{MANIFEST}: {name} is missing")
+        if _sha256(path) != digest:
+            raise UserError(f"{study_dir}/{MANIFEST}: {name} changed since the study was made "
+                            "(sha256 differs)")
+
+
+def environment() -> dict:
+    """Versions of everything a result depends on, read without importing the frameworks
+    (package metadata, and the tools' own --version / --check-build)."""
+    from importlib import metadata
+
+    from . import __version__, slurm
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def output(argv: list[str], cwd: str | None = None) -> str | None:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    mpirun = output(["mpirun", "--version"])
+    return {
+        "hpcsuite": __version__,
+        "python": sys.version.split()[0],
+        "torch": version("torch"),
+        "tensorflow": version("tensorflow") or version("tensorflow-cpu") or version("tensorflow_cpu"),
+        "horovod": version("horovod"),
+        "horovod_build": output([str(horovodrun), "--check-build"]) if horovodrun.exists() else None,
+        "numpy": version("numpy"),
+        "mpi": mpirun.splitlines()[0] if mpirun else None,
+        "slurm": slurm.call(["sbatch", "--version"], check=False, timeout=30).stdout.strip() or None,
+        "host": os.uname().nodename,
+        "made": dt.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def git_state(path: Path) -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True,
+                                  timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--", ".")) if commit else None}
+
+
+# ---------------------------------------------------------------------- a study directory
+
+class StudyDir:
+    """A study's directory: its bundle, points and state."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @property
+    def study_file(self) -> Path:
+        return self.path / STUDY_FILE
+
+    def study(self) -> Study:
+        return load_study(str(self.study_file))
+
+    def bundle(self) -> dict:
+        return self._json(BUNDLE_FILE)
+
+    def points(self) -> list[Point]:
+        return [Point(**p) for p in self._json(POINTS_FILE)["points"]]
+
+    def point_spec(self, point: Point) -> Path:
+        return self.path / "points" / point.id / "job.yaml"
+
+    @property
+    def workdir(self) -> Path:
+        """Where the jobs are submitted from: the base spec's directory in the bundle."""
+        return self.path / "inputs"
+
+    @property
+    def runs(self) -> Path:
+        return self.path / "runs"
+
+    def state(self) -> dict:
+        path = self.path / STATE_FILE
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def save_state(self, state: dict) -> None:
+        from .results import write_json_atomic
+
+        write_json_atomic(self.path / STATE_FILE, state)
+
+    def run_dir(self, point: Point, job_id: str) -> Path:
+        return self.runs / point.job_name / job_id
+
+    def _json(self, name: str) -> dict:
+        path = self.path / name
+        if not path.is_file():
+            raise UserError(f"{self.path}: not a study directory (no {name})")
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+
+
+ALLREDUCE_SCRIPT = Path(__file__).resolve().parent / "runtime" / "allreduce_bench.py"
+
+
+def allreduce_spec(name: str, output_dir: str, nodes: int, tasks_per_node: int,
+                   base: JobSpec | None = None) -> dict:
+    """The job spec of an allreduce benchmark (script mode, hpcsuite's own rank program), on
+    the base job's partition, walltime and environment when there is one."""
+    spec: dict[str, Any] = {
+        "name": name, "output_dir": output_dir,
+        "resources": {"nodes": int(nodes), "tasks_per_node": int(tasks_per_node)},
+        "train": {"backend": "torch", "script": str(ALLREDUCE_SCRIPT),
+                  "checkpoint": {"every_steps": 0, "every_minutes": 0, "resume": False}},
+    }
+    if base is not None:
+        r = base.resources
+        spec["resources"].update(time=r.time, cpus_per_task=r.cpus_per_task)
+        for key in ("partition", "mem"):
+            if getattr(r, key):
+                spec["resources"][key] = getattr(r, key)
+        if base.env:
+            spec["env"] = dict(base.env)
+        spec["launcher"] = base.launcher
+    return spec
+
+
+def _point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, point: Point,
+                   profile_path: str | None, from_bundle: bool):
+    """Resolve, lint and render one point; (JobSpec, BatchRequest). Raises UserError.
+
+    At planning the point is the base spec with the point's --set assignments; from the
+    bundle it is the point's resolved job.yaml (so a re-run is the same job whatever the
+    user's and project's profiles say), with the output directory of this study directory.
+    An allreduce benchmark is always built afresh: it runs hpcsuite's installed rank program."""
+    import yaml
+
+    from .config import resolve
+    from .lint import lint
+    from .plan import plan
+    from .templating import SearchPath
+
+    if point.kind == "allreduce":
+        spec_path = sd.path / "points" / point.id / "allreduce.yaml"
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(yaml.safe_dump(allreduce_spec(
+            point.job_name, str(sd.runs), point.axes["nodes"], point.axes["tasks_per_node"], base),
+            sort_keys=False))
+        spec, sets = str(spec_path), []
+    elif from_bundle:
+        spec, sets = str(sd.point_spec(point)), [f"output_dir={json.dumps(str(sd.runs))}"]
+    else:
+        spec, sets = str(base_spec), point_sets(study, base, point, str(sd.runs))
+    r = resolve(spec, profile_path, sets, cwd=base_spec.parent)
+    errors = [f"{f.key}: {f.message}" for f in lint(r.job, r.profile, base_spec.parent)
+              if f.level == "error"]
+    if errors:
+        raise UserError("; ".join(errors))
+    request = plan(r.job, r.profile, SearchPath.default(None, site_only="template" in r.locks),
+                   r.locks)
+    return r.job, dataclasses.replace(request, workdir=str(base_spec.parent))
+
+
+def create(study_path: str, directory: str | None, profile_path: str | None) -> StudyDir:
+    """Make the study directory and its bundle, and check every point against the site before
+    anything is submitted. An existing directory of the same study is returned as it is."""
+    study = load_study(study_path)
+    src = Path(study_path).resolve()
+    sd = StudyDir(Path(directory) if directory else src.parent / study.output_dir / study.name)
+    if sd.study_file.is_file():
+        if _sha256(sd.study_file) != _sha256(src):
+            raise UserError(f"{sd.path}: holds a study made from a different {STUDY_FILE}; give "
+                            "another --dir, or remove it")
+        return sd
+    if sd.path.exists() and any(sd.path.iterdir()):
+        raise UserError(f"{sd.path}: exists and is not a study directory; give another --dir")
+    base_src = (src.parent / study.base).resolve()
+    if not base_src.is_file():
+        raise ConfigError(study_path, "base", f"{study.base}: no such file")
+    tmp = sd.path.with_name(f".{sd.path.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        shutil.copy2(src, tmp / STUDY_FILE)
+        copy_inputs(base_src.parent, tmp / "inputs", exclude=sd.path.parent)
+        staged = StudyDir(tmp)
+        base_spec = tmp / "inputs" / base_src.name
+        try:
+            _plan_points(staged, study, base_spec, profile_path, study_path)
+        except UserError as e:   # name the user's files, not the bundle being made
+            raise UserError(str(e).replace(str(tmp / "inputs"), str(base_src.parent))) from None
+        base_job = _base_job(base_spec, profile_path)
+        external = {p: _sha256(Path(p)) for p in external_inputs(base_job) if Path(p).is_file()}
+        (tmp / BUNDLE_FILE).write_text(json.dumps({
+            "study": study.name, "base": base_src.name, "source": str(src),
+            "external": external, "git": git_state(base_src.parent),
+            "made": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
+        (tmp / ENVIRONMENT).write_text(json.dumps(environment(), indent=2) + "\n")
+        write_manifest(tmp, external)
+        sd.path.parent.mkdir(parents=True, exist_ok=True)
+        if sd.path.exists():
+            sd.path.rmdir()
+        os.replace(tmp, sd.path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sd
+
+
+def _base_job(base_spec: Path, profile_path: str | None) -> JobSpec:
+    from .config import resolve
+
+    return resolve(str(base_spec), profile_path, cwd=base_spec.parent).job
+
+
+def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str | None,
+                 source: str) -> None:
+    """Expand, resolve and render every point; all problems reported together, exit 2."""
+    import yaml
+
+    base = _base_job(base_spec, profile_path)
+    if base.train.script and study.limit:
+        study = dataclasses.replace(study, limit=False)   # the script does its own allreduce
+    points = expand(study, base)
+    problems = []
+    for point in points:
+        try:
+            job, request = _point_request(sd, study, base_spec, base, point, profile_path,
+                                          from_bundle=False)
+        except UserError as e:
+            axes = ", ".join(f"{k}={v}" for k, v in point.axes.items())
+            problems.append(f"{source}: axes: point {point.id} ({axes}): {e}")
+            continue
+        folder = sd.path / "points" / point.id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "job.yaml").write_text(yaml.safe_dump(job.to_dict(), sort_keys=False))
+        (folder / "job.sbatch").write_text(request.script)
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        raise UserError(f"{len(problems)} of {len(points)} points break the site's rules or the "
+                        "job schema; nothing was submitted:\n  " + "\n  ".join(shown))
+    from .results import write_json_atomic
+
+    write_json_atomic(sd.path / POINTS_FILE, {"mode": study.mode,
+                                              "points": [p.to_json() for p in points]})
+
+
+# ---------------------------------------------------------------------- running
+
+@record
+class Progress(Record):
+    done: int
+    failed: int
+    running: int
+    waiting: int
+    total: int
+
+    def line(self) -> str:
+        return (f"{self.done}/{self.total} done, {self.running} in Slurm, {self.waiting} to "
+                f"submit" + (f", {self.failed} failed" if self.failed else ""))
+
+
+def point_done(sd: StudyDir, point: Point, entry: dict) -> bool:
+    job_id = entry.get("job_id")
+    if not job_id:
+        return False
+    name = "allreduce.json" if point.kind == "allreduce" else "results.json"
+    path = sd.run_dir(point, job_id) / name
+    if not path.is_file():
+        return False
+    if point.kind == "allreduce":
+        return True
+    try:
+        return json.loads(path.read_text()).get("status") == "completed"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def refresh(sd: StudyDir, state: dict) -> None:
+    """Bring each submitted point's entry up to date with Slurm."""
+    from . import jobs
+
+    points = {p.id: p for p in sd.points()}
+    for pid, entry in state.items():
+        if entry.get("status") in ("done", "failed") or not entry.get("job_id"):
+            continue
+        point = points[pid]
+        try:
+            slurm_state = jobs.query(entry["job_id"])
+            entry["slurm"] = slurm_state.state
+            finished = slurm_state.finished
+        except UserError:
+            entry["slurm"] = "UNKNOWN"
+            finished = True              # the controller forgot it: judge by what it left
+        if point_done(sd, point, entry):
+            entry["status"] = "done"
+        elif finished:
+            entry["status"] = "failed" if entry.get("attempts", 0) >= MAX_ATTEMPTS else "retry"
+
+
+def step(sd: StudyDir, profile_path: str | None, say: Callable[[str], None]) -> Progress:
+    """One pass: refresh, then submit what fits under max_in_flight. Saves the state."""
+    from .plan import submit
+
+    study = sd.study()
+    state = sd.state()
+    refresh(sd, state)
+    sd.save_state(state)
+    points = sd.points()
+    in_flight = sum(1 for e in state.values() if e.get("status") == "submitted")
+    base_spec = sd.workdir / sd.bundle()["base"]
+    base = None
+    for point in points:
+        entry = state.setdefault(point.id, {"attempts": 0})
+        if entry.get("status") in ("done", "failed", "submitted"):
+            continue
+        if in_flight >= study.max_in_flight:
+            break
+        if base is None:
+            base = _base_job(base_spec, profile_path)
+        _, request = _point_request(sd, study, base_spec, base, point, profile_path,
+                                    from_bundle=True)
+        done = submit(request)
+        entry.update(job_id=done.job_id, status="submitted", slurm="PENDING",
+                     attempts=entry.get("attempts", 0) + 1,
+                     submitted=dt.datetime.now().isoformat(timespec="seconds"))
+        state[point.id] = entry
+        sd.save_state(state)               # after each submission: an interrupt loses nothing
+        in_flight += 1
+        axes = ", ".join(f"{k}={v}" for k, v in point.axes.items())
+        say(f"submitted {point.id} ({point.kind}; {axes}) as job {done.job_id}")
+    return progress(points, state)
+
+
+def progress(points: list[Point], state: dict) -> Progress:
+    status = [state.get(p.id, {}).get("status") for p in points]
+    return Progress(done=status.count("done"), failed=status.count("failed"),
+                    running=status.count("submitted"),
+                    waiting=sum(1 for s in status if s in (None, "retry")), total=len(points))
+
+
+def run(sd: StudyDir, profile_path: str | None, wait: bool, timeout: float | None,
+        say: Callable[[str], None], poll: float = 2.0) -> Progress:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        now = step(sd, profile_path, say)
+        if now != last:
+            say(now.line())
+            last = now
+        if not wait or now.running == 0 and now.waiting == 0:
+            return now
+        if deadline is not None and time.monotonic() > deadline:
+            raise UserError(f"study {sd.path.name}: {now.line()} after {timeout:g}s; run "
+                            "`hpcsuite study run` again to go on")
+        time.sleep(poll)
+
+
+def rerun(bundle: Path, directory: Path | None) -> StudyDir:
+    """A fresh study directory holding the bundle's inputs, points and study spec (not its
+    results), ready for :func:`run`."""
+    src = StudyDir(bundle)
+    verify_bundle(bundle)
+    study = src.study()
+    dest = directory or bundle.parent / f"{bundle.name}-rerun-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    if dest.exists() and any(dest.iterdir()):
+        raise UserError(f"{dest}: exists and is not empty; give another --dir")
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name in (STUDY_FILE, BUNDLE_FILE, POINTS_FILE):
+            shutil.copy2(bundle / name, tmp / name)
+        shutil.copytree(bundle / "inputs", tmp / "inputs", symlinks=True)
+        shutil.copytree(bundle / "points", tmp / "points", symlinks=True)
+        (tmp / ENVIRONMENT).write_text(json.dumps(environment(), indent=2) + "\n")
+        meta = json.loads((tmp / BUNDLE_FILE).read_text())
+        meta["rerun_of"] = {"path": str(bundle.resolve()), "study": study.name}
+        (tmp / BUNDLE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_manifest(tmp, meta.get("external", {}))
+        if dest.exists():
+            dest.rmdir()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return StudyDir(dest)
+
+
+def open_study(path: str) -> StudyDir:
+    """A study directory, given as the directory or as its study spec (then the directory
+    the spec names)."""
+    p = Path(path)
+    if p.is_dir():
+        sd = StudyDir(p)
+        sd.points()                        # refuses what is not a study directory
+        return sd
+    study = load_study(path)
+    sd = StudyDir(p.resolve().parent / study.output_dir / study.name)
+    if not (sd.path / POINTS_FILE).is_file():
+        raise UserError(f"{path}: the study has not been run yet (no {sd.path}); "
+                        "`hpcsuite study run` makes it")
+    return sd
+

@@ -1,0 +1,447 @@
+"""What a study measured, and why: the table, the plots, the communication model, the comparison.
+
+Each training point's throughput is its global batch over the median of its measured step
+times (the warm-up steps left out), one number per repeat; a configuration shows the median,
+min and max of its repeats. Speedup and efficiency are read against the smallest point of the
+same series (the same axes but for nodes and tasks per node); "of limit" against the same
+configuration trained without the gradient allreduce, the most this hardware could do.
+
+The ring-allreduce model (:mod:`hpcsuite.alphabeta`), fitted to the study's allreduce
+benchmarks, predicts each point's communication per step from the gradient bytes the results
+record; the report sets it beside the measured overhead (step time minus the limit's step
+time), says where communication starts to dominate and which knob would help most, with the
+gain the model predicts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+
+from .errors import UserError
+from .study import Point, StudyDir, point_done
+
+REPORT_DIR = "report"
+
+
+# ---------------------------------------------------------------------- reading results
+
+def _results(sd: StudyDir, point: Point, entry: dict) -> dict | None:
+    if not point_done(sd, point, entry):
+        return None
+    name = "allreduce.json" if point.kind == "allreduce" else "results.json"
+    return json.loads((sd.run_dir(point, entry["job_id"]) / name).read_text())
+
+
+def throughput(results: dict, warmup: int, steps: int) -> tuple[float, float] | None:
+    """(samples/s, median step seconds) over the measured steps of one job."""
+    times = results.get("step_times_s") or []
+    measured = times[warmup:warmup + steps] if len(times) > warmup + 2 else times[1:]
+    if not measured:
+        return None
+    step = statistics.median(measured)
+    batch = (results.get("batch_size_per_rank", 0) * results.get("world_size", 1)
+             * results.get("grad_accumulation", 1))
+    return (batch / step if step > 0 else 0.0), step
+
+
+def spread(values: list[float]) -> dict:
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def _label(axes: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in axes.items())
+
+
+def fits(sd: StudyDir, points: list[Point], state: dict) -> dict[tuple[int, int], object]:
+    """The ring-allreduce fit of each allocation's benchmark (Horovod's allreduce)."""
+    out = {}
+    for point in points:
+        if point.kind != "allreduce":
+            continue
+        data = _results(sd, point, state.get(point.id, {}))
+        if data:
+            out[(int(point.axes["nodes"]), int(point.axes["tasks_per_node"]))] = \
+                fit_measurements(data, "horovod")
+    return out
+
+
+def fit_measurements(data: dict, which: str):
+    """The α-β fit of one side ("horovod" or "mpi") of an allreduce benchmark's results."""
+    from .alphabeta import AlphaBeta, fit
+
+    if isinstance(data.get("fit", {}).get(which), dict) and "alpha_s" in data["fit"][which]:
+        return AlphaBeta.from_json(data["fit"][which])
+    rows = [r for r in data.get("points", []) if r.get(f"{which}_s")]
+    return fit([r["bytes"] for r in rows], [r[f"{which}_s"] for r in rows], int(data["world_size"]))
+
+
+def analyse(sd: StudyDir) -> dict:
+    """The study's numbers: one row per configuration, with the model's reading."""
+    study = sd.study()
+    points = sd.points()
+    state = sd.state()
+    models = fits(sd, points, state)
+    configs: dict[str, dict] = {}
+    for point in points:
+        if point.kind == "allreduce":
+            continue
+        row = configs.setdefault(point.config, {
+            "config": point.config, "axes": point.axes, "ranks": point.ranks,
+            "series": _label({k: v for k, v in point.axes.items()
+                              if k not in ("nodes", "tasks_per_node")}) or "all",
+            "throughput": [], "step_s": [], "limit_throughput": [], "limit_step_s": [],
+            "jobs": [], "results": None})
+        results = _results(sd, point, state.get(point.id, {}))
+        if results is None:
+            continue
+        measured = throughput(results, study.warmup_steps, study.steps)
+        if measured is None:
+            continue
+        prefix = "limit_" if point.kind == "limit" else ""
+        row[f"{prefix}throughput"].append(measured[0])
+        row[f"{prefix}step_s"].append(measured[1])
+        if point.kind == "train":
+            row["jobs"].append(state[point.id]["job_id"])
+            row["results"] = row["results"] or results
+    rows = sorted(configs.values(), key=lambda r: (r["series"], r["ranks"], r["config"]))
+    for row in rows:
+        for key in ("throughput", "limit_throughput", "step_s", "limit_step_s"):
+            row[key] = spread(row[key])
+    for row in rows:
+        base = min((r for r in rows if r["series"] == row["series"] and r["throughput"]["n"]),
+                   key=lambda r: r["ranks"], default=None)
+        thr, lim = row["throughput"], row["limit_throughput"]
+        row["speedup"] = row["efficiency"] = row["of_limit"] = None
+        if base and thr["median"] and base["throughput"]["median"]:
+            row["speedup"] = thr["median"] / base["throughput"]["median"]
+            row["efficiency"] = row["speedup"] / (row["ranks"] / base["ranks"])
+        if thr["median"] and lim["median"]:
+            row["of_limit"] = thr["median"] / lim["median"]
+        row["model"] = explain(row, models.get((int(row["axes"]["nodes"]),
+                                                int(row["axes"]["tasks_per_node"]))))
+    for row in rows:
+        row.pop("results")
+    return {"study": study.name, "mode": study.mode, "warmup_steps": study.warmup_steps,
+            "steps": study.steps, "repeats": study.repeats, "rows": rows,
+            "allreduce": {f"{n}x{t}": m.to_json() for (n, t), m in models.items()}}
+
+
+# ---------------------------------------------------------------------- the model's reading
+
+def explain(row: dict, model) -> dict | None:
+    """Predicted communication per step, the measured overhead, and the knobs' predicted gains."""
+    results = row.get("results")
+    if model is None or results is None or row["ranks"] < 2 or not row["step_s"]["median"]:
+        return None
+    from .spec import HorovodKnobs
+
+    knobs = {**{f: getattr(HorovodKnobs(), f) for f in ("compression", "fusion_threshold_mb",
+                                                         "cycle_time_ms")},
+             **{k[8:]: v for k, v in row["axes"].items() if k.startswith("horovod.")}}
+    n = row["ranks"]
+    nbytes = results.get("gradient_bytes", 0) * (0.5 if knobs["compression"] == "fp16" else 1)
+    fusion = knobs["fusion_threshold_mb"] * 1024 * 1024
+    ops = max(1, math.ceil(nbytes / fusion)) if fusion else max(1, results.get("gradient_tensors", 1))
+    predicted = model.predict(nbytes, n=n, tensors=ops)
+    latency = model.predict(0, n=n, tensors=ops)
+    bandwidth = predicted - latency
+    step = row["step_s"]["median"]
+    compute = row["limit_step_s"]["median"]
+    out = {"gradient_bytes": nbytes, "allreduce_ops": ops, "predicted_comm_s": predicted,
+           "predicted_latency_s": latency, "predicted_bandwidth_s": bandwidth, "step_s": step,
+           "compute_s": compute, "comm_fraction": predicted / step if step else None}
+    if compute is None:
+        return out
+    overhead = max(step - compute, 0.0)
+    out["measured_overhead_s"] = overhead
+    out["unexplained_s"] = overhead - predicted
+    out["dominates_at_ranks"] = dominates_at(model, nbytes, ops, compute)
+    now = compute / (compute + overhead)
+
+    def gain(knob: str, new_compute: float, new_overhead: float, how: str) -> dict:
+        eff = new_compute / (new_compute + max(new_overhead, 0.0))
+        return {"knob": knob, "how": how, "of_limit": eff, "gain": eff - now}
+
+    options = [
+        gain("train.batch_size", 2 * compute, overhead,
+             "double the per-rank batch: twice the computation for the same allreduce"),
+        gain("train.grad_accumulation", 2 * compute, overhead,
+             "accumulate 2 micro-batches per allreduce (the same, without the memory)"),
+    ]
+    if knobs["compression"] != "fp16":
+        options.append(gain("train.horovod.compression", compute, overhead - bandwidth / 2,
+                            "fp16: half the bytes on the wire (the bandwidth term halves)"))
+    if ops > 1:
+        options.append(gain("train.horovod.fusion_threshold_mb", compute,
+                            overhead - (latency - latency / ops),
+                            f"fuse the {ops} allreduces into one (threshold ≥ "
+                            f"{math.ceil(nbytes / 2**20)} MB)"))
+    cycle = knobs["cycle_time_ms"] / 1000
+    if cycle > 0.0002:
+        options.append(gain("train.horovod.cycle_time_ms", compute, overhead - (cycle - 0.0001) / 2,
+                            "0.1: a gradient waits half a cycle on average before it is sent"))
+    out["now_of_limit"] = now
+    out["knobs"] = sorted(options, key=lambda o: -o["gain"])
+    return out
+
+
+def dominates_at(model, nbytes: float, ops: int, compute: float) -> int | None:
+    """The fewest ranks at which the model's communication per step passes ``compute``
+    (weak scaling: the computation per step stays the same), or None below 100,000."""
+    if compute <= 0:
+        return None
+    n = 2
+    while n <= 100000:
+        if model.predict(nbytes, n=n, tensors=ops) >= compute:
+            return n
+        n = n + 1 if n < 64 else int(n * 1.25)
+    return None
+
+
+# ---------------------------------------------------------------------- output
+
+COLUMNS = ["series", "config", "ranks", "throughput_median", "throughput_min", "throughput_max",
+           "repeats", "speedup", "efficiency", "limit_throughput_median", "of_limit",
+           "step_ms", "limit_step_ms", "predicted_comm_ms", "measured_overhead_ms", "best_knob",
+           "best_knob_of_limit"]
+
+
+def flat(row: dict) -> dict:
+    m = row.get("model") or {}
+    best = (m.get("knobs") or [{}])[0]
+
+    def ms(v):
+        return None if v is None else v * 1000
+
+    return {"series": row["series"], "config": row["config"], "ranks": row["ranks"],
+            "throughput_median": row["throughput"]["median"],
+            "throughput_min": row["throughput"]["min"], "throughput_max": row["throughput"]["max"],
+            "repeats": row["throughput"]["n"], "speedup": row["speedup"],
+            "efficiency": row["efficiency"],
+            "limit_throughput_median": row["limit_throughput"]["median"],
+            "of_limit": row["of_limit"], "step_ms": ms(row["step_s"]["median"]),
+            "limit_step_ms": ms(row["limit_step_s"]["median"]),
+            "predicted_comm_ms": ms(m.get("predicted_comm_s")),
+            "measured_overhead_ms": ms(m.get("measured_overhead_s")),
+            "best_knob": best.get("knob"), "best_knob_of_limit": best.get("of_limit")}
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(report: dict) -> str:
+    lines = [f"study {report['study']} ({report['mode']} scaling; {report['repeats']} repeats, "
+             f"{report['steps']} measured steps after {report['warmup_steps']} warm-up)",
+             f"{'series':<24} {'ranks':>5} {'samples/s median [min-max]':>30} {'speedup':>7} "
+             f"{'effic.':>6} {'limit':>9} {'of lim.':>7} {'step ms':>8} {'comm ms':>8}"]
+    for row in report["rows"]:
+        t, m = row["throughput"], row.get("model") or {}
+        rng = (f"{_num(t['median'], '.1f')} [{_num(t['min'], '.1f')}-{_num(t['max'], '.1f')}]"
+               if t["n"] else "(no results yet)")
+        lines.append(
+            f"{row['series'][:24]:<24} {row['ranks']:>5} {rng:>30} {_num(row['speedup'], '.2f'):>7} "
+            f"{_num(row['efficiency'], '.2f'):>6} {_num(row['limit_throughput']['median'], '.1f'):>9} "
+            f"{_num(row['of_limit'], '.2f'):>7} "
+            f"{_num(row['step_s']['median'] and row['step_s']['median'] * 1000, '.2f'):>8} "
+            f"{_num(m.get('predicted_comm_s') and m['predicted_comm_s'] * 1000, '.3f'):>8}")
+    for key, fit in report["allreduce"].items():
+        lines.append(f"allreduce model on {key} (nodes x tasks): alpha {fit['alpha_s'] * 1e6:.1f} us, "
+                     f"bandwidth {fit['bandwidth_Bps'] / 1e9:.2f} GB/s")
+    for row in report["rows"]:
+        m = row.get("model")
+        if not m or m.get("measured_overhead_s") is None:
+            continue
+        lines.append(f"{row['config']} ({_label(row['axes'])}): step {m['step_s'] * 1000:.2f} ms = "
+                     f"compute {m['compute_s'] * 1000:.2f} ms (the limit) + overhead "
+                     f"{m['measured_overhead_s'] * 1000:.2f} ms; the model predicts "
+                     f"{m['predicted_comm_s'] * 1000:.3f} ms of allreduce "
+                     f"({m['allreduce_ops']} op(s), {m['gradient_bytes'] / 2**20:.2f} MiB)")
+        where = m.get("dominates_at_ranks")
+        lines.append("  communication would pass computation at " +
+                     (f"~{where} ranks (model, same per-rank work)" if where else
+                      "no rank count below 100,000 (model)"))
+        for k in m["knobs"][:3]:
+            lines.append(f"  {k['knob']}: {k['how']} -> {k['of_limit']:.2f} of limit "
+                         f"(now {m['now_of_limit']:.2f}, {k['gain']:+.2f})")
+    return "\n".join(lines)
+
+
+def plots(report: dict, folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    written = []
+    series = sorted({r["series"] for r in report["rows"]})
+    fig_t, ax_t = plt.subplots(figsize=(7, 4.5))
+    fig_e, ax_e = plt.subplots(figsize=(7, 4.5))
+    for name in series:
+        rows = [r for r in report["rows"] if r["series"] == name and r["throughput"]["n"]]
+        if not rows:
+            continue
+        ranks = [r["ranks"] for r in rows]
+        med = [r["throughput"]["median"] for r in rows]
+        err = [[m - r["throughput"]["min"] for m, r in zip(med, rows)],
+               [r["throughput"]["max"] - m for m, r in zip(med, rows)]]
+        line = ax_t.errorbar(ranks, med, yerr=err, marker="o", capsize=4, label=f"{name}")
+        color = line[0].get_color()
+        ideal = [med[0] * k / ranks[0] for k in ranks]
+        ax_t.plot(ranks, ideal, linestyle=":", color=color, label=f"{name}: ideal")
+        lim = [(k, r["limit_throughput"]["median"]) for k, r in zip(ranks, rows)
+               if r["limit_throughput"]["median"]]
+        if lim:
+            ax_t.plot(*zip(*lim), linestyle="--", marker="x", color=color,
+                      label=f"{name}: no-communication limit")
+        eff = [(k, r["efficiency"]) for k, r in zip(ranks, rows) if r["efficiency"] is not None]
+        if eff:
+            lo = [(r["throughput"]["min"] / r["throughput"]["median"]) * r["efficiency"] for r in rows
+                  if r["efficiency"] is not None]
+            hi = [(r["throughput"]["max"] / r["throughput"]["median"]) * r["efficiency"] for r in rows
+                  if r["efficiency"] is not None]
+            ks, es = zip(*eff)
+            ax_e.errorbar(ks, es, yerr=[[e - l for e, l in zip(es, lo)], [h - e for e, h in zip(es, hi)]],
+                          marker="o", capsize=4, color=color, label=f"{name}: efficiency")
+        ofl = [(k, r["of_limit"]) for k, r in zip(ranks, rows) if r["of_limit"] is not None]
+        if ofl:
+            ax_e.plot(*zip(*ofl), linestyle="--", marker="x", color=color,
+                      label=f"{name}: of no-communication limit")
+    all_ranks = sorted({r["ranks"] for r in report["rows"]})
+    if all_ranks:
+        ax_e.plot([all_ranks[0], all_ranks[-1]], [1, 1], color="grey", linestyle=":", label="ideal")
+    for ax, ylabel in ((ax_t, "samples/s (median, min-max of repeats)"), (ax_e, "efficiency")):
+        ax.set_xlabel("ranks")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(all_ranks)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_e.set_ylim(bottom=0)
+    ax_t.set_title(f"{report['study']}: throughput ({report['mode']} scaling)")
+    ax_e.set_title(f"{report['study']}: efficiency")
+    for fig, name in ((fig_t, "throughput.png"), (fig_e, "efficiency.png")):
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        written.append(folder / name)
+    return written
+
+
+def write(sd: StudyDir) -> tuple[dict, list[Path]]:
+    """Analyse the study and write report.json, report.csv, report.txt and the plots."""
+    from .results import write_json_atomic
+
+    report = analyse(sd)
+    if not any(r["throughput"]["n"] for r in report["rows"]):
+        raise UserError(f"{sd.path}: no point has finished yet; `hpcsuite study status` shows "
+                        "where they are")
+    folder = sd.path / REPORT_DIR
+    folder.mkdir(exist_ok=True)
+    write_json_atomic(folder / "report.json", report)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in report["rows"]:
+        writer.writerow(flat(row))
+    (folder / "report.csv").write_text(buf.getvalue())
+    text = table(report)
+    (folder / "report.txt").write_text(text + "\n")
+    paths = [folder / "report.json", folder / "report.csv", folder / "report.txt"]
+    return report, paths + plots(report, folder)
+
+
+# ---------------------------------------------------------------------- status and compare
+
+def status(sd: StudyDir) -> list[dict]:
+    state = sd.state()
+    out = []
+    for p in sd.points():
+        e = state.get(p.id, {})
+        out.append({"point": p.id, "kind": p.kind, "axes": p.axes, "job_id": e.get("job_id"),
+                    "status": e.get("status") or "not submitted", "slurm": e.get("slurm"),
+                    "attempts": e.get("attempts", 0)})
+    return out
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, tree
+
+
+def compare(a: StudyDir, b: StudyDir) -> dict:
+    """What differs between two studies: inputs (by sha256), resolved job specs, environment,
+    and each configuration's throughput, flagged where the difference is beyond the spread."""
+    import yaml
+
+    from .study import BUNDLE_FILE, ENVIRONMENT, read_manifest
+
+    # What the jobs ran from; bundle.json and environment.json describe the making (the
+    # environment is compared on its own below).
+    about = {BUNDLE_FILE, ENVIRONMENT}
+    ma, mb = ({k: v for k, v in read_manifest(sd.path).items() if k not in about} for sd in (a, b))
+    inputs = {
+        "only_in_a": sorted(set(ma) - set(mb)), "only_in_b": sorted(set(mb) - set(ma)),
+        "different": sorted(k for k in set(ma) & set(mb) if ma[k] != mb[k]),
+    }
+    specs = []
+    pb = {p.id: p for p in b.points()}
+    for p in a.points():
+        if p.id not in pb or not a.point_spec(p).is_file() or not b.point_spec(p).is_file():
+            continue
+        ja = dict(_flatten(yaml.safe_load(a.point_spec(p).read_text())))
+        jb = dict(_flatten(yaml.safe_load(b.point_spec(p).read_text())))
+        for key in sorted(set(ja) | set(jb)):
+            if key in ("output_dir",) or ja.get(key) == jb.get(key):
+                continue
+            specs.append({"point": p.id, "key": key, "a": ja.get(key), "b": jb.get(key)})
+    env_a, env_b = ({} if not (sd.path / ENVIRONMENT).is_file() else
+                    json.loads((sd.path / ENVIRONMENT).read_text()) for sd in (a, b))
+    env = [{"key": k, "a": env_a.get(k), "b": env_b.get(k)} for k in sorted(set(env_a) | set(env_b))
+           if k != "made" and env_a.get(k) != env_b.get(k)]
+    ra = {r["config"]: r for r in analyse(a)["rows"]}
+    rb = {r["config"]: r for r in analyse(b)["rows"]}
+    results = []
+    for cid in sorted(set(ra) & set(rb)):
+        x, y = ra[cid]["throughput"], rb[cid]["throughput"]
+        if not x["n"] or not y["n"]:
+            continue
+        beyond = x["max"] < y["min"] or y["max"] < x["min"]
+        results.append({"config": cid, "axes": ra[cid]["axes"], "a": x, "b": y,
+                        "ratio": y["median"] / x["median"] if x["median"] else None,
+                        "beyond_spread": beyond})
+    return {"a": str(a.path), "b": str(b.path), "inputs": inputs, "specs": specs,
+            "environment": env, "results": results}
+
+
+def compare_text(c: dict) -> str:
+    lines = [f"A: {c['a']}", f"B: {c['b']}", "inputs:"]
+    i = c["inputs"]
+    if not any(i.values()):
+        lines.append("  identical (every sha256 matches)")
+    for key, word in (("different", "differs"), ("only_in_a", "only in A"), ("only_in_b", "only in B")):
+        lines += [f"  {name}: {word}" for name in i[key]]
+    lines.append("job specs:" + ("" if c["specs"] else " identical"))
+    lines += [f"  {s['point']} {s['key']}: {s['a']!r} -> {s['b']!r}" for s in c["specs"][:50]]
+    lines.append("environment:" + ("" if c["environment"] else " identical"))
+    lines += [f"  {e['key']}: {e['a']!r} -> {e['b']!r}" for e in c["environment"]]
+    lines.append("results (samples/s median [min-max]):")
+    for r in c["results"]:
+        a, b = r["a"], r["b"]
+        verdict = "DIFFERS beyond the repeats' spread" if r["beyond_spread"] else "within the spread"
+        lines.append(f"  {r['config']} ({_label(r['axes'])}): A {a['median']:.1f} [{a['min']:.1f}-"
+                     f"{a['max']:.1f}]  B {b['median']:.1f} [{b['min']:.1f}-{b['max']:.1f}]  "
+                     f"B/A {r['ratio']:.3f}  {verdict}")
+    if not c["results"]:
+        lines.append("  (no configuration has results in both)")
+    return "\n".join(lines)

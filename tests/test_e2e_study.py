@@ -1,0 +1,136 @@
+"""Scaling studies end to end on the local Slurm cluster: a weak-scaling study in both
+frameworks (table, CSV, JSON, plots, the allreduce model), a re-run from the bundle alone in
+a fresh directory with the comparison, and a study of a user's script that is interrupted
+and picked up again."""
+
+import csv
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+
+JOB = """name: scaling
+resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
+train:
+  backend: BACKEND
+  model: mlp
+  data: {kind: synthetic, samples: 2048, shape: [64], classes: 10}
+  batch_size: 32
+"""
+STUDY = """name: weak
+base: job.yaml
+mode: weak
+axes: {nodes: [1, 2]}
+repeats: 2
+warmup_steps: 5
+steps: 40
+"""
+
+
+def make_project(path: Path, backend: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "job.yaml").write_text(JOB.replace("BACKEND", backend))
+    (path / "study.yaml").write_text(STUDY)
+    return path
+
+
+def check_report(study_dir: Path, env: dict) -> dict:
+    proc = run_cli("study", "report", str(study_dir), "--json", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    rows = report["rows"]
+    assert [r["ranks"] for r in rows] == [1, 2]
+    for r in rows:
+        t = r["throughput"]
+        assert t["n"] == 2 and 0 < t["min"] <= t["median"] <= t["max"]
+        assert r["limit_throughput"]["n"] == 2 and r["of_limit"] > 0
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+    assert rows[1]["efficiency"] == pytest.approx(rows[1]["speedup"] / 2)
+    fit = report["allreduce"]["2x1"]
+    assert fit["alpha_s"] >= 0 and fit["bandwidth_Bps"] > 0
+    m = rows[1]["model"]
+    assert m["predicted_comm_s"] > 0 and m["gradient_bytes"] > 0 and m["knobs"]
+    assert all("of_limit" in k and "how" in k for k in m["knobs"])
+    folder = study_dir / "report"
+    for name in ("throughput.png", "efficiency.png"):
+        assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(folder / "report.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["ranks"]) for r in table] == [1, 2]
+    text = run_cli("study", "report", str(study_dir), env=env, timeout=300).stdout
+    assert "samples/s median [min-max]" in text and "allreduce model on 2x1" in text
+    return report
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_weak_scaling_study(local_cluster, tmp_path, backend):
+    cluster, env = local_cluster
+    project = make_project(tmp_path / "project", backend)
+    proc = run_cli("study", "run", "study.yaml", "--wait", cwd=project, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study_dir = project / "studies" / "weak"
+    check_report(study_dir, env)
+    status = json.loads(run_cli("study", "status", str(study_dir), "--json", env=env).stdout)
+    assert len(status) == 9 and {s["status"] for s in status} == {"done"}
+    assert {s["kind"] for s in status} == {"train", "limit", "allreduce"}
+    results = json.loads(next((study_dir / "runs" / "weak-p01L-r0").glob("*/results.json")).read_text())
+    assert results["world_size"] == 2 and len(set(results["param_checksums"])) == 2  # no allreduce
+    if backend != "torch":
+        return
+    # The bundle alone, somewhere else, runs the same study again; compare shows both.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(study_dir, elsewhere / "bundle")
+    shutil.rmtree(project)
+    proc = run_cli("study", "rerun", str(elsewhere / "bundle"), "--dir", str(elsewhere / "again"),
+                   "--wait", cwd=elsewhere, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_report(elsewhere / "again", env)
+    proc = run_cli("study", "compare", str(elsewhere / "bundle"), str(elsewhere / "again"),
+                   "--json", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(proc.stdout)
+    assert not any(c["inputs"].values()) and c["specs"] == []
+    assert [r["config"] for r in c["results"]] == ["p00", "p01"]
+    assert all(isinstance(r["beyond_spread"], bool) for r in c["results"])
+    text = run_cli("study", "compare", str(elsewhere / "bundle"), str(elsewhere / "again"),
+                   env=env).stdout
+    assert "identical (every sha256 matches)" in text and "B/A" in text
+
+
+def test_a_study_of_a_users_script_survives_an_interrupt(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    work = tmp_path / "digits"
+    shutil.copytree(REPO / "examples" / "digits", work,
+                    ignore=shutil.ignore_patterns("runs", "studies", "__pycache__"))
+    (work / "study.yaml").write_text("name: digits\nbase: digits-script-torch.yaml\n"
+                                     "axes: {nodes: [1, 2]}\nrepeats: 1\nwarmup_steps: 3\n"
+                                     "steps: 20\n")
+    study_dir = work / "studies" / "digits"
+    proc = subprocess.Popen([sys.executable, "-m", "hpcsuite", "study", "run", "study.yaml", "--wait"],
+                            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (study_dir / "state.json").is_file():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "picks up where this left off" in err and "Traceback" not in err
+    first = json.loads((study_dir / "state.json").read_text())["p00-r0"]["job_id"]
+    proc = run_cli("study", "run", str(study_dir), "--wait", cwd=work, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = json.loads((study_dir / "state.json").read_text())
+    assert state["p00-r0"]["job_id"] == first and state["p00-r0"]["attempts"] == 1
+    assert set(state) == {"p00-r0", "p01-r0", "a00"}          # script mode: no limit points
+    report = json.loads(run_cli("study", "report", str(study_dir), "--json", env=env).stdout)
+    assert [r["ranks"] for r in report["rows"]] == [1, 2]
+    assert all(r["throughput"]["n"] == 1 for r in report["rows"])
+    assert report["rows"][1]["model"]["gradient_bytes"] > 0
