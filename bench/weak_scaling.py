@@ -1,0 +1,135 @@
+"""Weak scaling 1 -> 2 nodes on the local Slurm cluster: hpcsuite against a plain Horovod loop
+at the same configuration, and against the no-communication limit, in the same run.
+
+For each per-rank batch (the default study configuration's, then the bigger ones the study
+report recommends) and each repeat, alternating, on 1 and on 2 nodes (one rank per node):
+  hpcsuite   `hpcsuite submit` of examples/scaling/job.yaml (managed loop, sharded data)
+  limit      the same with train.horovod.allreduce=false (no gradient exchange)
+  plain      bench/plain_loop.py under the same sbatch allocation and mpirun line
+All three run the same steps and report steady-state samples/s with the same warm-up rule.
+Prints the medians [min-max] and the ratios: hpcsuite/plain and hpcsuite/limit at 2 nodes,
+and the weak-scaling efficiency (2-node throughput / 2 x 1-node throughput).
+
+    .venv/bin/python bench/weak_scaling.py [--backend torch] [--batches 128,512] [-r 3]
+
+Needs the local cluster (`hpcsuite cluster up`); SLURM_CONF is taken from its state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+BASE = ROOT / "examples" / "scaling" / "job.yaml"
+
+
+def cluster_env() -> dict:
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env:
+        out = subprocess.run([PY, "-m", "hpcsuite", "cluster", "up"], capture_output=True, text=True,
+                             check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("export SLURM_CONF="):
+                env["SLURM_CONF"] = line.split("=", 1)[1]
+    return env
+
+
+def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
+                 allreduce: bool) -> float:
+    sets = [f"resources.nodes={nodes}", f"train.backend={backend}", f"train.batch_size={batch}",
+            f"train.max_steps={steps}", "train.epochs=1000000", f"output_dir={work}/runs",
+            f"train.horovod.allreduce={'true' if allreduce else 'false'}"]
+    argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"]
+    for s in sets:
+        argv += ["--set", s]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"hpcsuite job failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)["results"]["samples_per_s_steady"]
+
+
+PLAIN = """#!/bin/bash
+#SBATCH --job-name=plain-weak
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --time=00:10:00
+#SBATCH --output={out}
+export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
+mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca btl '^openib' \\
+  -x PATH -x OMP_NUM_THREADS -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x TF_CPP_MIN_LOG_LEVEL \\
+  {py} {plain} --backend {backend} --model mlp --shape {shape} --classes 10 --batch {batch} --steps {steps}
+"""
+
+
+def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int) -> float:
+    out = work / f"plain-{time.monotonic_ns()}.out"
+    script = work / "plain.sbatch"
+    script.write_text(PLAIN.format(nodes=nodes, out=out, py=PY, plain=ROOT / "bench" / "plain_loop.py",
+                                   backend=backend, shape=shape, batch=batch, steps=steps))
+    done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=900)
+    text = out.read_text() if out.is_file() else ""
+    for line in text.splitlines():
+        if line.startswith("{") and "samples_per_s_steady" in line:
+            return json.loads(line)["samples_per_s_steady"]
+    raise SystemExit(f"plain loop failed (sbatch exit {done.returncode}):\n{text[-2000:]}{done.stderr}")
+
+
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):9.0f} [{min(values):.0f}-{max(values):.0f}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["torch", "tensorflow"], default="torch")
+    ap.add_argument("--batches", default="128,512", help="per-rank batches, comma-separated")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    a = ap.parse_args()
+    env = cluster_env()
+    import yaml
+
+    shape = yaml.safe_load(BASE.read_text())["train"]["data"]["shape"][0]
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="weak-") as tmp:
+        work = Path(tmp)
+        for batch in [int(b) for b in a.batches.split(",")]:
+            for r in range(a.repeats):
+                for nodes in (1, 2):
+                    key = (batch, nodes)
+                    row = results.setdefault(key, {"hpcsuite": [], "limit": [], "plain": []})
+                    row["hpcsuite"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, True))
+                    row["plain"].append(plain_run(env, work, a.backend, nodes, batch, a.steps, shape))
+                    row["limit"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, False))
+                    print(f"batch {batch} nodes {nodes} repeat {r}: hpcsuite {row['hpcsuite'][-1]:.0f}, "
+                          f"plain {row['plain'][-1]:.0f}, limit {row['limit'][-1]:.0f} samples/s",
+                          file=sys.stderr, flush=True)
+    print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples, one rank per node, "
+          f"{a.steps} steps, {a.repeats} alternated repeats (samples/s median [min-max])")
+    print(f"{'batch':>5} {'nodes':>5} {'hpcsuite':>24} {'plain':>24} {'limit':>24} "
+          f"{'hpc/plain':>9} {'hpc/limit':>9} {'plain/limit':>11}")
+    for (batch, nodes), row in sorted(results.items()):
+        med = {k: statistics.median(v) for k, v in row.items()}
+        print(f"{batch:>5} {nodes:>5} {fmt(row['hpcsuite']):>24} {fmt(row['plain']):>24} "
+              f"{fmt(row['limit']):>24} {med['hpcsuite'] / med['plain']:9.3f} "
+              f"{med['hpcsuite'] / med['limit']:9.3f} {med['plain'] / med['limit']:11.3f}")
+    for batch in sorted({b for b, _ in results}):
+        one, two = (statistics.median(results[(batch, n)]["hpcsuite"]) for n in (1, 2))
+        p1, p2 = (statistics.median(results[(batch, n)]["plain"]) for n in (1, 2))
+        print(f"batch {batch}: weak-scaling efficiency hpcsuite {two / (2 * one):.3f}, "
+              f"plain {p2 / (2 * p1):.3f}")
+
+
+if __name__ == "__main__":
+    main()
