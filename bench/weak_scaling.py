@@ -44,8 +44,8 @@ def cluster_env() -> dict:
 
 
 def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
-                 allreduce: bool) -> float:
-    sets = [f"resources.nodes={nodes}", f"train.backend={backend}", f"train.batch_size={batch}",
+                 allreduce: bool, cycle: float) -> float:
+    sets = [f"train.horovod.cycle_time_ms={cycle:g}", f"resources.nodes={nodes}", f"train.backend={backend}", f"train.batch_size={batch}",
             f"train.max_steps={steps}", "train.epochs=1000000", f"output_dir={work}/runs",
             f"train.horovod.allreduce={'true' if allreduce else 'false'}"]
     argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"]
@@ -64,7 +64,7 @@ PLAIN = """#!/bin/bash
 #SBATCH --cpus-per-task=1
 #SBATCH --time=00:10:00
 #SBATCH --output={out}
-export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME=1
+export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME={cycle:g}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
 mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca btl '^openib' \\
   -x PATH -x OMP_NUM_THREADS -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x TF_CPP_MIN_LOG_LEVEL \\
@@ -72,11 +72,13 @@ mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca 
 """
 
 
-def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int) -> float:
+def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int,
+              cycle: float) -> float:
     out = work / f"plain-{time.monotonic_ns()}.out"
     script = work / "plain.sbatch"
     script.write_text(PLAIN.format(nodes=nodes, out=out, py=PY, plain=ROOT / "bench" / "plain_loop.py",
-                                   backend=backend, shape=shape, batch=batch, steps=steps))
+                                   backend=backend, shape=shape, batch=batch, steps=steps,
+                                   cycle=cycle))
     done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=900)
     text = out.read_text() if out.is_file() else ""
@@ -96,6 +98,8 @@ def main() -> None:
     ap.add_argument("--batches", default="128,512", help="per-rank batches, comma-separated")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--cycle-time", type=float, default=1.0,
+                    help="HOROVOD_CYCLE_TIME in ms on both sides (hpcsuite's default: 1)")
     a = ap.parse_args()
     env = cluster_env()
     import yaml
@@ -109,14 +113,16 @@ def main() -> None:
                 for nodes in (1, 2):
                     key = (batch, nodes)
                     row = results.setdefault(key, {"hpcsuite": [], "limit": [], "plain": []})
-                    row["hpcsuite"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, True))
-                    row["plain"].append(plain_run(env, work, a.backend, nodes, batch, a.steps, shape))
-                    row["limit"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, False))
+                    row["hpcsuite"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, True, a.cycle_time))
+                    row["plain"].append(plain_run(env, work, a.backend, nodes, batch, a.steps, shape,
+                                                  a.cycle_time))
+                    row["limit"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, False, a.cycle_time))
                     print(f"batch {batch} nodes {nodes} repeat {r}: hpcsuite {row['hpcsuite'][-1]:.0f}, "
                           f"plain {row['plain'][-1]:.0f}, limit {row['limit'][-1]:.0f} samples/s",
                           file=sys.stderr, flush=True)
     print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples, one rank per node, "
-          f"{a.steps} steps, {a.repeats} alternated repeats (samples/s median [min-max])")
+          f"{a.steps} steps, cycle time {a.cycle_time:g} ms, {a.repeats} alternated repeats "
+          "(samples/s median [min-max])")
     print(f"{'batch':>5} {'nodes':>5} {'hpcsuite':>24} {'plain':>24} {'limit':>24} "
           f"{'hpc/plain':>9} {'hpc/limit':>9} {'plain/limit':>11}")
     for (batch, nodes), row in sorted(results.items()):
