@@ -97,6 +97,8 @@ set_option = click.option(
 
 
 from . import commands, cluster_cmd, config_cmd, templates_cmd  # noqa: E402,F401  (registers the commands)
+from . import bench_cmd  # noqa: E402,F401  (hpcsuite bench)
+from . import study_cmd  # noqa: E402,F401
 
 
 @main.command()

@@ -1,0 +1,319 @@
+"""`hpcsuite bench allreduce` on every rank: Horovod's allreduce against MPI's own.
+
+The command submits a script-mode job whose ``train.script`` is this file, so it runs on
+every rank the way a user's training script does (``hpcsuite train`` sets HPCSUITE_JOB and
+HPCSUITE_RUN_DIR, ``train.args`` are its argv). It also runs by hand under a launcher::
+
+    mpirun -np 2 python hpcsuite/runtime/allreduce_bench.py --sizes 4K,1M
+
+For each size (bytes of a float32 tensor) and each library it checks one allreduce (sum of
+rank+1 on every element), warms up, then times ``repeats`` runs of back-to-back calls after a
+barrier; a run's time is the slowest rank's mean per call and the result is the median run.
+The calls per run adapt so that the runs take about ``--budget`` seconds in all (``iterations``
+in the report: calls timed per rank), so a whole sweep stays well under a minute on a small
+machine. MPI is timed in two passes of half the budget, before ``hvd.init()`` and after
+``hvd.shutdown()``, and its result is the median of both passes' runs (``mpi_passes_s``: each
+pass's median), so a machine that gets busier or quieter meanwhile weighs on both alike.
+
+Both sides reduce in place, as Horovod's DistributedOptimizer does with gradients:
+``hvd.allreduce_(tensor, op=hvd.Sum)`` on a CPU torch tensor, and
+``comm.Allreduce(MPI.IN_PLACE, array)`` through mpi4py, which is also the MPI call Horovod
+makes underneath; so the ratio is what Horovod adds (its background cycle, negotiation,
+copies) on the same allocation and the same MPI. A lone Horovod allreduce waits for the next
+cycle of Horovod's background thread (``train.horovod.cycle_time_ms``, 1 ms by default),
+which sets its latency floor; in training many gradients share one cycle.
+
+Rank 0 writes ``allreduce.json`` and ``allreduce.csv`` into the run directory; times in
+seconds, bandwidths in bytes/s, algbw = S/t and busbw = algbw·2(N−1)/N (nccl-tests).
+
+Only the standard library is imported at module level: the login-node command imports the
+size parser and the spec builder from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPORT = "allreduce.json"
+CSV = "allreduce.csv"
+NAME = "allreduce-bench"
+DEFAULT_SIZES = tuple(4 * 4 ** k for k in range(13))      # 4 B, 16 B, ... 64 MiB
+MAX_SIZE = 1 << 30                                         # 1 GiB: several buffers per rank
+DEFAULT_BUDGET_S = 0.4
+DEFAULT_REPEATS = 5
+DEFAULT_WARMUP = 2
+MAX_ITERATIONS = 100_000
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_SIZE = re.compile(r"([0-9]{1,10})\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------ sizes (login node too)
+def parse_size(text: str) -> int:
+    """``"4"``, ``"64K"``, ``"1M"``, ``"1MiB"`` -> bytes (K/M/G are powers of 1024). Raises
+    ValueError saying what is wrong."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"{text.strip()!r} is not a size (a number with an optional K, M or G "
+                         "suffix, e.g. 4, 64K, 16M)")
+    size = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if size <= 0 or size % 4:
+        raise ValueError(f"{text.strip()!r} is not a positive multiple of 4 bytes (the tensors "
+                         "are float32)")
+    if size > MAX_SIZE:
+        raise ValueError(f"{text.strip()!r} is more than 1G")
+    return size
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Comma-separated sizes -> sorted distinct bytes (ValueError on a bad one)."""
+    parts = text.split(",")
+    if not text.strip() or any(not p.strip() for p in parts):
+        raise ValueError(f"{text!r}: give comma-separated sizes like 4,1K,64K,1M,16M")
+    return sorted({parse_size(p) for p in parts})
+
+
+def format_size(size: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} B"
+
+
+def job_spec(sizes: list[int], nodes: int, tasks_per_node: int, output_dir: str,
+             time_limit: str | None = None, partition: str | None = None,
+             budget_s: float = DEFAULT_BUDGET_S) -> dict:
+    """The script-mode job spec that runs this file on every rank. Keys the site may decide
+    (partition, walltime, CPUs per task) are left to the profile unless given."""
+    resources: dict = {"nodes": nodes, "tasks_per_node": tasks_per_node}
+    if time_limit:
+        resources["time"] = time_limit
+    if partition:
+        resources["partition"] = partition
+    args = ["--sizes", ",".join(str(s) for s in sizes), "--budget", f"{budget_s:g}"]
+    return {"name": NAME, "output_dir": output_dir, "resources": resources,
+            "train": {"backend": "torch", "script": str(Path(__file__).resolve()), "args": args}}
+
+
+CSV_COLUMNS = ("bytes", "horovod_s", "mpi_s", "horovod_busbw", "mpi_busbw", "busbw_ratio",
+               "horovod_algbw", "mpi_algbw", "horovod_iterations", "mpi_iterations")
+
+
+def write_csv(report: dict, path: Path) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for p in report["points"]:
+            row = {**p, "horovod_iterations": p["iterations"]["horovod"],
+                   "mpi_iterations": p["iterations"]["mpi"]}
+            w.writerow([row[c] for c in CSV_COLUMNS])
+
+
+# ------------------------------------------------------------------ measuring (ranks)
+def _calls(op, count: int) -> float:
+    start = time.perf_counter()
+    for _ in range(count):
+        op()
+    return time.perf_counter() - start
+
+
+def time_op(op, comm, budget_s: float, repeats: int, warmup: int) -> dict:
+    """Median over ``repeats`` runs of the slowest rank's mean seconds per call of ``op`` (a
+    collective every rank calls), with about ``budget_s`` seconds of timed calls in all.
+
+    Every count is agreed on through the slowest rank's time, so all ranks make the same number
+    of calls. After ``warmup`` calls (the first touches fresh pages and builds Horovod's cache
+    entry) the count doubles until a batch takes a tenth of a run, as timeit's autorange does;
+    each run's count then comes from the previous run, so one slow spell on a shared machine
+    cannot stretch the sweep far past its budget."""
+    from mpi4py import MPI
+
+    _calls(op, warmup)
+    per_run = budget_s / repeats
+    count = 1
+    while True:
+        took = comm.allreduce(_calls(op, count), op=MPI.MAX)
+        if took >= per_run / 10 or count >= MAX_ITERATIONS:
+            break
+        count *= 2
+    per_call = took / count
+    runs, counts = [], []
+    for _ in range(repeats):
+        count = int(max(1, min(MAX_ITERATIONS, per_run / max(per_call, 1e-9))))
+        comm.Barrier()
+        per_call = comm.allreduce(_calls(op, count) / count, op=MPI.MAX)
+        runs.append(per_call)
+        counts.append(count)
+    return {"seconds": float(statistics.median(runs)), "iterations": sum(counts),
+            "repeats_s": runs}
+
+
+def _check(label: str, size: int, got: float, n: int) -> None:
+    expected = n * (n + 1) / 2
+    if got != expected:
+        raise RuntimeError(f"{label} allreduce of {format_size(size)} gave {got}, expected "
+                           f"{expected} (sum of rank+1 over {n} ranks)")
+
+
+def measure_mpi(comm, sizes, budget_s, repeats, warmup) -> dict[int, dict]:
+    import numpy as np
+    from mpi4py import MPI
+
+    out = {}
+    for size in sizes:
+        buf = np.full(size // 4, comm.rank + 1, dtype=np.float32)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        _check("MPI", size, float(buf.min()), comm.size)
+        _check("MPI", size, float(buf.max()), comm.size)
+        buf[:] = 0      # zeros stay zeros under repeated sums: no overflow, no denormals
+
+        def op(buf=buf):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+        out[size] = time_op(op, comm, budget_s, repeats, warmup)
+    return out
+
+
+def measure_horovod(hvd, comm, sizes, budget_s, repeats, warmup) -> dict[int, dict]:
+    import torch
+
+    out = {}
+    for size in sizes:
+        name = f"hpcsuite.bench.allreduce.{size}"   # a fixed name, as a gradient has
+        tensor = torch.full((size // 4,), float(hvd.rank() + 1), dtype=torch.float32)
+        hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+        _check("Horovod", size, float(tensor.min()), hvd.size())
+        _check("Horovod", size, float(tensor.max()), hvd.size())
+        tensor.zero_()
+
+        def op(tensor=tensor, name=name):
+            hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+
+        out[size] = time_op(op, comm, budget_s, repeats, warmup)
+    return out
+
+
+def merge_passes(before: dict[int, dict], after: dict[int, dict]) -> dict[int, dict]:
+    """One result per size from two passes (before and after Horovod): the median of all runs,
+    so a machine that got busier or quieter in between weighs on both libraries alike."""
+    out = {}
+    for size, b in before.items():
+        a = after[size]
+        runs = b["repeats_s"] + a["repeats_s"]
+        out[size] = {"seconds": float(statistics.median(runs)),
+                     "iterations": b["iterations"] + a["iterations"], "repeats_s": runs,
+                     "passes_s": [b["seconds"], a["seconds"]]}
+    return out
+
+
+def report(sizes, mpi, horovod, n, hosts, settings, versions) -> dict:
+    """The allreduce.json content: per size times, bandwidths and iterations, and the fits."""
+    from hpcsuite.alphabeta import FitError, algorithm_bandwidth, bus_bandwidth, fit
+
+    points = []
+    for size in sizes:
+        h, m = horovod[size]["seconds"], mpi[size]["seconds"]
+        hb, mb = float(bus_bandwidth(size, h, n)), float(bus_bandwidth(size, m, n))
+        points.append({
+            "bytes": size, "horovod_s": h, "mpi_s": m, "horovod_busbw": hb, "mpi_busbw": mb,
+            "horovod_algbw": float(algorithm_bandwidth(size, h)),
+            "mpi_algbw": float(algorithm_bandwidth(size, m)), "busbw_ratio": hb / mb,
+            "iterations": {"horovod": horovod[size]["iterations"], "mpi": mpi[size]["iterations"]},
+            "repeats_s": {"horovod": horovod[size]["repeats_s"], "mpi": mpi[size]["repeats_s"]},
+        })
+        if "passes_s" in mpi[size]:
+            points[-1]["mpi_passes_s"] = mpi[size]["passes_s"]
+    fits = {}
+    for key, measured in (("horovod", horovod), ("mpi", mpi)):
+        try:
+            fits[key] = fit(sizes, [measured[s]["seconds"] for s in sizes], n).to_json()
+        except FitError as e:
+            fits[key] = {"error": str(e)}
+    return {"world_size": n, "hosts": hosts, "sizes": list(sizes), "points": points, "fit": fits,
+            "busbw_formula": "busbw = S/t * 2(N-1)/N (bytes/s)", "settings": settings,
+            "versions": versions, "job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    ap = argparse.ArgumentParser(prog="allreduce_bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                    help="seconds of timed calls per size and library")
+    ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
+    a = ap.parse_args(argv)
+    if a.budget <= 0 or a.repeats < 1 or a.warmup < 0:
+        ap.error("--budget must be > 0, --repeats >= 1, --warmup >= 0")
+    try:
+        sizes = parse_sizes(a.sizes)
+    except ValueError as e:
+        ap.error(f"--sizes: {e}")
+    started = time.perf_counter()
+
+    # MPI, then Horovod, then MPI again (half the budget each time: drift on a shared machine
+    # weighs on both libraries alike). mpi4py initialises MPI at import with
+    # MPI_THREAD_MULTIPLE (its default rc.thread_level), which is what Horovod asks for;
+    # hvd.init() then finds MPI initialised, works on its own duplicate of COMM_WORLD, and
+    # hvd.shutdown() leaves MPI up for the second pass and for mpi4py to finalise at exit. The
+    # other order (hvd.init() first, then import mpi4py) also works, but hvd.shutdown() then
+    # finalises MPI under mpi4py. MPI is never timed while Horovod runs: its background thread
+    # runs a coordination allreduce every cycle even when idle, which on this 2-core machine
+    # made a 4 KiB comm.Allreduce 8x slower (23 -> 193 us) and a 4-byte one 30x (0.9 -> 27 us).
+    import mpi4py
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    n = comm.size
+    if n < 2:
+        raise SystemExit("allreduce_bench: needs at least 2 ranks (an allreduce over one rank "
+                         "communicates nothing)")
+    mpi_before = measure_mpi(comm, sizes, a.budget / 2, a.repeats, a.warmup)
+
+    import horovod
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.size() != n:
+        raise RuntimeError(f"Horovod sees {hvd.size()} ranks, MPI {n}")
+    horovod_times = measure_horovod(hvd, comm, sizes, a.budget, a.repeats, a.warmup)
+    hosts = comm.gather(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), root=0)
+    horovod_mpi = bool(hvd.mpi_enabled())
+    hvd.shutdown()      # MPI stays up: mpi4py initialised it (see above)
+    mpi = merge_passes(mpi_before, measure_mpi(comm, sizes, a.budget / 2, a.repeats, a.warmup))
+    if comm.rank != 0:
+        return None
+    settings = {"budget_s": a.budget, "repeats": a.repeats, "warmup": a.warmup,
+                "dtype": "float32", "op": "sum", "in_place": True, "order": "mpi, horovod, mpi",
+                "horovod_controller": "mpi" if horovod_mpi else "gloo",
+                "horovod_env": {k: v for k, v in sorted(os.environ.items())
+                                if k.startswith("HOROVOD_")},
+                "elapsed_s": time.perf_counter() - started}
+    library = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
+    versions = {"python": sys.version.split()[0], "numpy": np.__version__,
+                "torch": torch.__version__, "horovod": horovod.__version__,
+                "mpi4py": mpi4py.__version__, "mpi": library}
+    data = report(sizes, mpi, horovod_times, n, hosts, settings, versions)
+    run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or ".")
+    path = run_dir / REPORT
+    tmp = path.with_name(f".{REPORT}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_csv(data, run_dir / CSV)
+    os.replace(tmp, path)      # the JSON last: its presence means the CSV is there too
+    print(f"allreduce bench: {len(sizes)} sizes on {n} ranks in {settings['elapsed_s']:.1f}s; "
+          f"wrote {path}", flush=True)
+    return data
+
+
+if __name__ == "__main__":
+    main()
