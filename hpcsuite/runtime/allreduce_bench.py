@@ -266,8 +266,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     # hvd.shutdown() leaves MPI up for the second pass and for mpi4py to finalise at exit. The
     # other order (hvd.init() first, then import mpi4py) also works, but hvd.shutdown() then
     # finalises MPI under mpi4py. MPI is never timed while Horovod runs: its background thread
-    # runs a coordination allreduce every cycle even when idle, which on this 2-core machine
-    # made a 4 KiB comm.Allreduce 8x slower (23 -> 193 us) and a 4-byte one 30x (0.9 -> 27 us).
+    # runs a coordination allreduce every cycle even when idle; in one measurement on the
+    # project's 2-core machine (plain mpirun, shared memory) it made a 4 KiB comm.Allreduce 8x
+    # slower (23 -> 193 us) and a 4-byte one 30x (0.9 -> 27 us).
     import mpi4py
     from mpi4py import MPI
     import numpy as np
