@@ -117,8 +117,14 @@ def test_a_study_of_a_users_script_survives_an_interrupt(local_cluster, tmp_path
     study_dir = work / "studies" / "digits"
     proc = subprocess.Popen([sys.executable, "-m", "hpcsuite", "study", "run", "study.yaml", "--wait"],
                             cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def submitted() -> bool:                      # the first point is in Slurm
+        try:
+            return "job_id" in json.loads((study_dir / "state.json").read_text())["p00-r0"]
+        except (OSError, ValueError, KeyError):
+            return False
+
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (study_dir / "state.json").is_file():
+    while time.monotonic() < deadline and not submitted():
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
