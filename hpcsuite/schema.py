@@ -133,9 +133,11 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
         reserved = meta.get("reserved_keys")
         names = {}
         for k in value:
+            if not isinstance(k, str):
+                raise ConfigError(source, path, _not_text(k))
             names[k] = key_text(k)
             where = f"{path}.{names[k]}"
-            if not isinstance(k, str) or len(k) > 64:
+            if len(k) > 64:
                 raise ConfigError(source, where, "a key must be text of at most 64 characters")
             if key_pattern and not (isinstance(k, str) and re.fullmatch(key_pattern, k)):
                 raise ConfigError(source, where, meta.get("key_help", "not a valid key"))
@@ -219,10 +221,17 @@ def _plain(value: Any, source: str, path: str) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ConfigError(source, f"{path}.{key_text(k)}", "a key must be text")
+                raise ConfigError(source, path, _not_text(k))
             out[k] = _plain(v, source, f"{path}.{key_text(k)}")
         return out
     raise ConfigError(source, path, f"{_kind(value)} is not a plain value")
+
+
+def _not_text(key: object) -> str:
+    """The refusal of a mapping key that YAML read as something other than text."""
+    if key is None:
+        return "a key is empty or null: keys must be text"
+    return f"the key {show(key)} is {_kind(key)}: keys must be text (put it in quotes)"
 
 
 def _ambiguous(value: Ambiguous, path: str) -> str:

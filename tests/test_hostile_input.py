@@ -142,6 +142,18 @@ def test_oversized_file_and_values_are_refused_with_a_short_quote(work):
     assert len(message) < 300 and "a key must be text of at most 64 characters" in message
 
 
+@pytest.mark.parametrize("key, says", [("1E100", "the key 1e+100 is a number"),
+                                        ("~", "a key is empty or null"),
+                                        ("yes", "the key True is a boolean")])
+def test_a_key_yaml_reads_as_no_text_is_refused_at_its_mapping(work, key, says):
+    for body in (f"name: a\nenv:\n  {key}: x\n",
+                 f"name: a\ntrain:\n  data:\n    kind: synthetic\n    args:\n      n: {{{key}: 1}}\n"):
+        message = refused(work / "job.yaml", body)
+        where = "env" if "env" in body else "train.data.args.n"
+        assert message == f"{work / 'job.yaml'}: {where}: {says}: keys must be text" + \
+            ("" if key == "~" else " (put it in quotes)"), message
+
+
 def test_non_utf8_and_unreadable_specs(work):
     assert refused(work / "job.yaml", b"name: \xff\xfe\n") == f"{work / 'job.yaml'}: not UTF-8 text"
     result = cli("render", str(work / "nosuch.yaml"))
