@@ -52,11 +52,12 @@ class Backend(Protocol):
     local_rank: int
 
     def build(self, data) -> None: ...
-    def feed(self, data, batches: list[Batch]) -> Iterator[tuple[Batch, object, object, object]]: ...
-    def micro_step(self, x, y, w, scale: float, last: bool, padded: bool) -> object: ...
-    def eval_step(self, x, y, w) -> tuple[float, float]: ...
+    # (batch, inputs): inputs is the backend's own handle on the micro-batch's tensors.
+    def feed(self, data, batches: list[Batch]) -> Iterator[tuple[Batch, object]]: ...
+    def micro_step(self, inputs, scale: float, last: bool, padded: bool) -> object: ...
+    def eval_step(self, inputs) -> tuple[float, float]: ...
     def set_lr(self, lr: float) -> None: ...
-    def losses_to_floats(self, losses: list) -> list[float]: ...
+    def losses_to_floats(self, losses: list) -> list[float]: ...   # in one call for many
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict]: ...
     def load_state(self, tensors: dict[str, dict[str, np.ndarray]], extra: dict) -> None: ...
     def broadcast_state(self) -> None: ...
@@ -83,7 +84,10 @@ class Metrics:
     """What one rank records while training."""
     step_times: list[float] = field(default_factory=list)
     data_times: list[float] = field(default_factory=list)
-    loss_sums: list[list] = field(default_factory=list)   # per step: the micro-batches' sums
+    loss_sums: list[float] = field(default_factory=list)  # per step: its micro-batches' sum
+    # The micro-batches' loss sums as the backend returned them (tensors), not yet in loss_sums:
+    # turned into floats in one call per vote instead of one device read per step.
+    pending: list = field(default_factory=list)
     real: list[int] = field(default_factory=list)         # per step: real samples, all ranks
     lr: list[float] = field(default_factory=list)
     checkpoints: list[dict] = field(default_factory=list)
@@ -201,6 +205,7 @@ class Trainer:
         self.metrics = Metrics()
         self.ledger = None
         self.lr: float | None = None
+        self.saved_step: int | None = None   # the step of the latest checkpoint save
 
     # ---------------------------------------------------------------- resume
     def restore(self) -> Progress:
@@ -228,6 +233,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- save
     def save(self, p: Progress, reason: str) -> None:
+        self.saved_step = p.step
         if self.b.rank == 0:
             tensors, extra = self.b.state()
             manifest = {
@@ -276,6 +282,7 @@ class Trainer:
         elapsed = time.perf_counter() - t_start
         if self.poll is not None:
             self.b.poll_result(self.poll)          # every rank posted it; every rank collects it
+        self.settle_losses()
         m = self.metrics
         if self.t.checkpoint.enabled and stop is None and p.step > p.start_step and \
                 not (m.checkpoints and m.checkpoints[-1]["step"] == p.step):
@@ -287,20 +294,25 @@ class Trainer:
         return self.report(p, elapsed, stop, len(data))
 
     def train_epoch(self, data, sharder: Sharder, p: Progress, policy: Policy) -> str | None:
-        """Train from ``p.cursor`` to the end of its epoch; the stop reason, if stopped."""
-        m = self.metrics
+        """Train from ``p.cursor`` to the end of its epoch; the stop reason, if stopped.
+
+        A step's time runs from the end of the previous step to the end of this one: the
+        loop's bookkeeping and the ranks' votes count, a checkpoint's save is recorded with
+        the checkpoint instead. Everything per micro-batch here runs on every step of every
+        job, so it is kept to list appends and arithmetic."""
+        m, b, clock = self.metrics, self.b, time.perf_counter
         batches = list(sharder.epoch(p.cursor))
-        losses: list = []
+        micro_step, size, pending = b.micro_step, b.size, m.pending
         data_time = 0.0
-        t0 = fetch0 = time.perf_counter()
+        t0 = fetch0 = clock()
         first = True
-        for batch, x, y, w in self.b.feed(data, batches):
-            data_time += time.perf_counter() - fetch0
+        for batch, inputs in b.feed(data, batches):
+            data_time += clock() - fetch0
             if first:
                 self.set_rate(p, sharder, len(data))
                 first = False
-            losses.append(self.b.micro_step(x, y, w, self.b.size / batch.step_real,
-                                            batch.last_in_step, batch.real < len(batch.ids)))
+            pending.append(micro_step(inputs, size / batch.step_real, batch.last_in_step,
+                                      batch.real < len(batch.ids)))
             m.samples += batch.real
             if self.ledger:
                 real = batch.ids[batch.weights > 0]
@@ -308,18 +320,28 @@ class Trainer:
             if batch.last_in_step:
                 p.step += 1
                 p.cursor = batch.cursor
-                m.step_times.append(time.perf_counter() - t0)
+                now = clock()
+                m.step_times.append(now - t0)
                 m.data_times.append(data_time)
-                m.loss_sums.append(losses)
                 m.real.append(batch.step_real)
                 m.lr.append(self.lr)
-                losses, data_time, first = [], 0.0, True
+                data_time, first = 0.0, True
                 stop = self.after_step(p, policy, batch.step_real)
                 if stop or policy.done(p.step):
                     return stop
-                t0 = time.perf_counter()
-            fetch0 = time.perf_counter()
+                t0 = clock() if self.saved_step == p.step else now
+            fetch0 = clock()
         return None
+
+    def settle_losses(self) -> None:
+        """Move the pending micro-batch losses into ``loss_sums`` as floats, one per step."""
+        m = self.metrics
+        if not m.pending:
+            return
+        values = self.b.losses_to_floats(m.pending)
+        k = self.t.grad_accumulation
+        m.loss_sums.extend(float(sum(values[i:i + k])) for i in range(0, len(values), k))
+        m.pending.clear()
 
     def set_rate(self, p: Progress, sharder: Sharder, n: int) -> None:
         """The schedule's rate for the step about to run (set only when it changes)."""
@@ -337,6 +359,7 @@ class Trainer:
         stop = None
         save = False
         if policy.poll_due(p.step):
+            self.settle_losses()
             agreed = None
             if self.poll is not None:
                 wants_stop, wants_save, smallest = self.b.poll_result(self.poll)
@@ -351,9 +374,9 @@ class Trainer:
             self.save(p, "preempted" if stop else "interval")
             policy.saved(time.monotonic())
         if self.b.rank == 0 and policy.log_due(time.monotonic()):
+            self.settle_losses()
             log.info("step %d, epoch %d, loss %.4f, lr %.4g", p.step, p.cursor.epoch,
-                     float(sum(self.b.losses_to_floats(self.metrics.loss_sums[-1]))) / step_real,
-                     self.lr)
+                     self.metrics.loss_sums[-1] / step_real, self.lr)
         if stop and self.b.rank == 0:
             log.info("stopping at step %d after signal %s", p.step, self.flag.signal)
         return stop
@@ -366,8 +389,8 @@ class Trainer:
         sharder = Sharder(len(held), self.b.size, self.b.rank, ev.batch_size or self.t.batch_size,
                           self.t.seed)
         loss = correct = real = 0.0
-        for batch, x, y, w in self.b.feed(held, list(sharder.epoch(Cursor(0, 0)))):
-            batch_loss, batch_correct = self.b.eval_step(x, y, w)
+        for batch, inputs in self.b.feed(held, list(sharder.epoch(Cursor(0, 0)))):
+            batch_loss, batch_correct = self.b.eval_step(inputs)
             loss, correct, real = loss + batch_loss, correct + batch_correct, real + batch.real
         totals = np.sum(self.b.allgather_object([loss, correct, real]), axis=0)
         record = {"epoch": p.cursor.epoch, "step": p.step, "loss": float(totals[0] / totals[2]),
@@ -385,10 +408,9 @@ class Trainer:
         from .train import hostname
 
         m = self.metrics
-        loss_sums = [float(sum(v)) for v in (self.b.losses_to_floats(g) for g in m.loss_sums)]
         checksum = self.b.checksum()
         gathered = self.b.allgather_object({
-            "loss_sums": loss_sums, "checksum": checksum, "host": hostname(),
+            "loss_sums": m.loss_sums, "checksum": checksum, "host": hostname(),
             "samples": m.samples, "elapsed": elapsed})
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,

@@ -74,26 +74,41 @@ class Sharder:
     def epoch(self, cursor: Cursor):
         """Yield this rank's micro-batches from ``cursor`` to the end of its epoch."""
         perm = permutation(self.n, self.seed, cursor.epoch)
-        micro, k_last = self.world * self.batch, self.accumulation - 1
-        offsets = np.arange(self.accumulation)[:, None] * micro + self.rank * self.batch + \
-            np.arange(self.batch)[None, :]                          # [K, B] within a step
-        for first in range(cursor.consumed, self.n, self.step_slots * self.BLOCK_STEPS):
-            starts = np.arange(first, min(first + self.step_slots * self.BLOCK_STEPS, self.n),
-                               self.step_slots)                      # [S] step starts
+        n, batch, k_last, step_slots = self.n, self.batch, self.accumulation - 1, self.step_slots
+        micro, epoch, new = self.world * batch, cursor.epoch, tuple.__new__
+        offsets = np.arange(self.accumulation)[:, None] * micro + self.rank * batch + \
+            np.arange(batch)[None, :]                               # [K, B] within a step
+        # Within a micro-batch the ids go in ascending order, ties (a padding slot repeating a
+        # real id) in slot order: sorting id * B + position is that stable order, in one sort
+        # of unique keys instead of an argsort and two gathers.
+        keyed = n <= np.iinfo(np.int64).max // max(batch, 2)
+        for first in range(cursor.consumed, n, step_slots * self.BLOCK_STEPS):
+            starts = np.arange(first, min(first + step_slots * self.BLOCK_STEPS, n),
+                               step_slots)                           # [S] step starts
             slots = starts[:, None, None] + offsets[None]             # [S, K, B]
-            real = slots < self.n
-            ids = perm[np.where(real, slots, slots % self.n)]
-            # Ascending ids within a micro-batch: order inside a batch does not matter to the
-            # loss, and sorted ids let the loader read each shard front to back.
-            order = np.argsort(ids, axis=-1, kind="stable")
-            ids = np.take_along_axis(ids, order, -1).astype(np.int64)
-            real = np.take_along_axis(real, order, -1)
+            real = slots < n
+            ids = perm[np.where(real, slots, slots % n)]
+            if keyed:
+                keys = np.sort(ids * batch + np.arange(batch), axis=-1)
+                ids, position = np.divmod(keys, batch)
+                real = np.take_along_axis(real, position, -1)
+            else:
+                order = np.argsort(ids, axis=-1, kind="stable")
+                ids = np.take_along_axis(ids, order, -1)
+                real = np.take_along_axis(real, order, -1)
+            ids = ids.astype(np.int64, copy=False)
             weights, counts = real.astype(np.float32), real.sum(-1).tolist()
             for s, step_start in enumerate(starts.tolist()):
-                step_real = min(self.n - step_start, self.step_slots)
-                after = Cursor(cursor.epoch, min(step_start + self.step_slots, self.n))
-                within = Cursor(cursor.epoch, step_start)
-                for k in range(self.accumulation):
+                step_real = min(n - step_start, step_slots)
+                # Batch and Cursor built as plain tuples: a named tuple's __new__ costs more
+                # than everything else here, once per micro-batch.
+                after = new(Cursor, (epoch, min(step_start + step_slots, n)))
+                if k_last == 0:
+                    yield new(Batch, (ids[s, 0], weights[s, 0], counts[s][0], step_real, True,
+                                      after))
+                    continue
+                within = new(Cursor, (epoch, step_start))
+                for k in range(k_last + 1):
                     last = k == k_last
-                    yield Batch(ids[s, k], weights[s, k], counts[s][k], step_real, last,
-                                after if last else within)
+                    yield new(Batch, (ids[s, k], weights[s, k], counts[s][k], step_real, last,
+                                      after if last else within))

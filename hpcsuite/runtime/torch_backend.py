@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import UserError
 from ..spec import JobSpec, Optimizer
 from .backend import HorovodBackend
+from .data import block_size, plan_blocks, read_block
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -113,6 +114,7 @@ class TorchBackend(HorovodBackend):
             else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler("cuda") if scaler else None
         self.user_loss_fn = self.user_loss()
+        self._read_next = None               # set while _read_in_process feeds the loop
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
         opt = make_optimizer(torch, self.t.optimizer, self.model.parameters(), self.t.lr)
@@ -151,6 +153,7 @@ class TorchBackend(HorovodBackend):
 
     # ---------------------------------------------------------------- data
     def feed(self, data, batches):
+        """(batch, (x, y, w)) for each micro-batch."""
         torch = self.torch
         d = self.t.data
         dataset = _Batches(getattr(data, "recipe", None), batches)
@@ -159,10 +162,7 @@ class TorchBackend(HorovodBackend):
         cuda = self.device.startswith("cuda")
         if d.workers == 0 and not cuda:
             # In-process loading: the DataLoader machinery would only add per-batch cost.
-            from_numpy = torch.from_numpy
-            for b in batches:
-                x, y = data.get(b.ids)
-                yield b, from_numpy(x), from_numpy(y), from_numpy(b.weights)
+            yield from self._read_in_process(data, batches)
             return
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=None, shuffle=False, num_workers=d.workers, pin_memory=cuda,
@@ -182,13 +182,44 @@ class TorchBackend(HorovodBackend):
         for i, x, y, w in batches_iter:
             if cuda:
                 x, y, w = (t.to(self.device, non_blocking=True) for t in (x, y, w))
-            yield batches[i], x, y, w
+            yield batches[i], (x, y, w)
+
+    def _read_in_process(self, data, batches):
+        """The micro-batches, read in blocks (see :func:`.data.read_block`: one dataset call
+        and one tensor per field for a block, a view of it per micro-batch). The next block is
+        read when free: micro_step asks for it after the backward pass has handed the gradients
+        to Horovod and before the optimizer waits for their allreduce."""
+        if not batches:
+            return
+        from_numpy = self.torch.from_numpy
+        groups = iter(plan_blocks(batches, block_size(data, len(batches[0].ids))))
+        ready: list = []                     # the block's micro-batches not handed out, last first
+
+        def read_next():
+            if not ready:
+                group = next(groups, None)
+                if group is not None:
+                    block = read_block(data, group)
+                    views = zip(*(from_numpy(a).unbind(0) for a in (block.x, block.y, block.w)))
+                    ready.extend(reversed(list(zip(group, views))))
+
+        self._read_next = read_next
+        try:
+            while True:
+                read_next()                  # unless micro_step has read it already
+                if not ready:
+                    return
+                yield ready.pop()
+        finally:
+            if self._read_next is read_next:
+                self._read_next = None
 
     # ---------------------------------------------------------------- step
-    def micro_step(self, x, y, w, scale, last, padded=True):
+    def micro_step(self, inputs, scale, last, padded=True):
         """One micro-batch forward and backward (and the optimizer step after the last one).
         Returns (tensor, factor): the micro-batch's loss sum is float(tensor) * factor."""
         torch = self.torch
+        x, y, w = inputs
         with self.precision_context():
             out = self.model(x).float()
         # The loss is scaled so that Horovod's average over ranks is the mean over the step's
@@ -206,6 +237,8 @@ class TorchBackend(HorovodBackend):
         else:
             loss.backward()
         if last:
+            if self._read_next is not None:
+                self._read_next()            # while Horovod reduces this step's gradients
             if self.scaler:
                 self.optimizer.synchronize()
                 self.scaler.unscale_(self.optimizer)
@@ -218,11 +251,16 @@ class TorchBackend(HorovodBackend):
         return result
 
     def losses_to_floats(self, losses):
-        return [float(t) * factor for t, factor in losses]
+        # One stack and one read for many steps (a device sync each on a GPU), the values exactly.
+        if not losses:
+            return []
+        values = self.torch.stack([t for t, _ in losses]).tolist()
+        return [v * factor for v, (_, factor) in zip(values, losses)]
 
-    def eval_step(self, x, y, w) -> tuple[float, float]:
+    def eval_step(self, inputs) -> tuple[float, float]:
         """(sum of weighted losses, weighted count of correct predictions) for one batch."""
         torch = self.torch
+        x, y, w = inputs
         self.model.eval()
         try:
             with torch.no_grad(), torch.autocast(**self.autocast):
