@@ -11,6 +11,15 @@ per batch) while the plain loop reuses one fixed batch, as Horovod's synthetic b
 on both sides: --model mlp or cnn) and hpcsuite reads a user's python-factory dataset
 (bench/user_code/data.py) through its sharding layer: the managed loop with your model and
 your data.
+
+--fresh-data: the plain loop reads a new batch every step (gathered by sample ids from random
+arrays in memory, inside the timed step) instead of reusing one: not the baseline, but what a
+plain loop pays for reading data, which hpcsuite pays too.
+
+--host-costs: no MPI and no comparison; one process times, per call, the host-side pieces a
+small step is made of (the framework's call into a step, converting and gathering a batch),
+with the --backend, --shape and --batch given: what separates a managed step from a plain
+one before Horovod's cycle (HOROVOD_CYCLE_TIME, 1 ms here) rounds both up.
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIRUN = ["mpirun", "-np", "2", "--bind-to", "none", "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+# --yield: MPI ranks give the core up while they wait for a message. OpenMPI does so by itself
+# when it knows a node is oversubscribed; two ranks with Horovod's background threads on this
+# 2-core machine are, without OpenMPI knowing. Without it a run may fall into a mode where a
+# waiting rank spins on the core the other rank computes on (single runs 5k-50k samples/s).
+YIELD = ["--mca", "mpi_yield_when_idle", "1"]
 
 
 def env() -> dict:
@@ -43,7 +57,7 @@ def user_model(a) -> str:
     return f"{USER / 'model.py'}:{name if a.backend == 'torch' else name + '_keras'}"
 
 
-def hpcsuite_run(a, work: Path) -> float:
+def hpcsuite_run(a, work: Path) -> tuple[float, float]:
     samples = a.batch * 2 * a.steps
     data = {"samples": samples, "shape": a.shape, "classes": 10, "workers": 0}
     model = a.model
@@ -55,20 +69,118 @@ def hpcsuite_run(a, work: Path) -> float:
            "batch_size": a.batch, "epochs": 1, "lr": 0.01}}
     run = Path(tempfile.mkdtemp(dir=work))
     (run / "job.json").write_text(json.dumps(job))
-    subprocess.run([*MPIRUN, "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
+    subprocess.run([*MPIRUN, *a.mca, "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
                     "--job", str(run / "job.json")], check=True, capture_output=True,
                    env=dict(env(), HPCSUITE_RUN_DIR=str(run)), cwd=run)
-    return json.loads((run / "results.json").read_text())["samples_per_s_steady"]
+    r = json.loads((run / "results.json").read_text())
+    return r["samples_per_s_steady"], r["step_time_s"]["median"]
 
 
-def plain_run(a) -> float:
+def plain_run(a) -> tuple[float, float]:
     ref = ["--model-ref", user_model(a)] if a.user else []
-    out = subprocess.run([*MPIRUN, sys.executable, str(ROOT / "bench" / "plain_loop.py"),
+    ref += ["--fresh-data"] if a.fresh_data else []
+    out = subprocess.run([*MPIRUN, *a.mca, sys.executable, str(ROOT / "bench" / "plain_loop.py"),
                           "--backend", a.backend, "--model", a.model, "--shape", *map(str, a.shape),
                           "--batch", str(a.batch), "--steps", str(a.steps), *ref],
                          check=True, capture_output=True, text=True, env=env())
-    line = [l for l in out.stdout.splitlines() if l.startswith("{")][-1]
-    return json.loads(line)["samples_per_s_steady"]
+    r = json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1])
+    return r["samples_per_s_steady"], r["step_median_s"]
+
+
+def spread(values: list[float]) -> str:
+    return (f"median {statistics.median(values):8.3f}  min {min(values):8.3f}  "
+            f"max {max(values):8.3f}")
+
+
+def timed(fn, calls: int = 2000, repeats: int = 7) -> float:
+    """Median over repeats of the microseconds per call of ``fn``."""
+    import time
+
+    for _ in range(200):
+        fn()
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def host_costs(a) -> None:
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from models import build
+
+    rng = np.random.default_rng(0)
+    rows = a.batch * 2 * a.steps                       # the dataset hpcsuite_run trains on
+    data_x = rng.standard_normal((rows, *a.shape), dtype=np.float32)
+    data_y = rng.integers(0, 10, rows)
+    ids = np.sort(rng.permutation(rows)[:a.batch * a.steps].reshape(a.steps, a.batch), axis=1)
+    order = iter(range(1 << 62))
+    gather = lambda: (lambda i: (data_x[i], data_y[i]))(ids[next(order) % a.steps])  # noqa: E731
+    costs = {"gather a batch by sample id (numpy)": timed(gather)}
+    if a.backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+        model = build(a.model, "torch", tuple(a.shape), 10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        x, y = torch.randn(a.batch, *a.shape), torch.randint(0, 10, (a.batch,))
+
+        def step(x, y):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+        def fresh():
+            bx, by = gather()
+            step(torch.from_numpy(bx), torch.from_numpy(by))
+
+        costs["step on one fixed batch (no Horovod)"] = timed(lambda: step(x, y))
+        costs["step on a fresh batch, gather included"] = timed(fresh)
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+        import keras
+        from hpcsuite.runtime.tf_backend import graph_caller
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        model = build(a.model, "tensorflow", tuple(a.shape), 10)
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        opt.build(model.trainable_variables)
+        x, y = tf.random.normal((a.batch, *a.shape)), tf.zeros((a.batch,), tf.int64)
+        w, scale = tf.ones((a.batch,)), tf.constant(0.5)
+
+        def body(x, y, w, scale):
+            with tf.GradientTape() as tape:
+                out = model(x, training=True)
+                per_sample = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
+                loss = tf.reduce_sum(per_sample * w) * scale
+            grads = tape.gradient(loss, [v.value for v in model.trainable_variables])
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        fixed = tf.function(lambda: body(x, y, w, scale))
+        step = tf.function(body, reduce_retracing=True)
+        specs = [tf.TensorSpec([None, *a.shape]), tf.TensorSpec([None], tf.int64),
+                 tf.TensorSpec([None]), tf.TensorSpec([])]
+        concrete = step.get_concrete_function(*specs)
+        direct = graph_caller(concrete)
+        bx, by = gather()
+        costs["step, tf.function called with no arguments (plain loop)"] = timed(fixed)
+        costs["step, tf.function called with x, y, w, scale"] = timed(lambda: step(x, y, w, scale))
+        costs["step, its ConcreteFunction called"] = timed(lambda: concrete(x, y, w, scale))
+        costs["step, hpcsuite's graph_caller"] = timed(lambda: direct(x, y, w, scale))
+        costs["tf.constant of the batch's inputs"] = timed(lambda: tf.constant(bx))
+        costs["tf.constant of the batch's labels"] = timed(lambda: tf.constant(by))
+    print(f"{a.backend} {a.model} shape {a.shape}, batch {a.batch}, one process, one thread "
+          "(median of 7 x 2000 calls, us per call)")
+    for what, us in costs.items():
+        print(f"  {us:9.1f}  {what}")
 
 
 def main() -> None:
@@ -81,27 +193,56 @@ def main() -> None:
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--user", action="store_true",
                     help="a user's model builder and python-factory dataset (bench/user_code)")
+    ap.add_argument("--fresh-data", action="store_true",
+                    help="the plain loop gathers a new batch each step (not the baseline)")
+    ap.add_argument("--host-costs", action="store_true",
+                    help="time the host-side pieces of a step in one process (no MPI)")
+    ap.add_argument("--yield", dest="yield_", action="store_true",
+                    help="both sides under `--mca mpi_yield_when_idle 1` (see YIELD)")
     a = ap.parse_args()
+    a.mca = YIELD if a.yield_ else []
     if a.model == "cnn" and not a.user:
         ap.error("--model cnn is the user's CNN: use it with --user")
     a.shape = a.shape or ([3, 32, 32] if a.model in ("resnet", "cnn") else [32])
+    if a.host_costs:
+        host_costs(a)
+        return
     plain, ours = [], []
     with tempfile.TemporaryDirectory() as work:
-        for _ in range(a.repeats):
-            plain.append(plain_run(a))
-            ours.append(hpcsuite_run(a, Path(work)))
-    p, o = statistics.median(plain), statistics.median(ours)
+        for i in range(a.repeats):
+            # Alternate which side goes first, so neither always follows the other's teardown.
+            if i % 2:
+                ours.append(hpcsuite_run(a, Path(work)))
+                plain.append(plain_run(a))
+            else:
+                plain.append(plain_run(a))
+                ours.append(hpcsuite_run(a, Path(work)))
+    p, o = statistics.median(r for r, _ in plain), statistics.median(r for r, _ in ours)
     what = f"user model + python-factory data ({USER.relative_to(ROOT)})" if a.user else a.model
     print(f"{a.backend} {what} shape {a.shape}, batch {a.batch}/rank, 2 ranks, {a.steps} steps, "
           f"{a.repeats} alternating repeats (medians, samples/s)")
-    print(f"plain Horovod loop  {p:10.1f}   runs {', '.join(f'{v:.0f}' for v in plain)}")
-    print(f"hpcsuite train      {o:10.1f}   runs {', '.join(f'{v:.0f}' for v in ours)}")
+    if a.yield_:
+        print("both sides: mpirun --mca mpi_yield_when_idle 1 (--yield)")
+    if a.fresh_data:
+        print("the plain loop gathers a new batch from memory every step (--fresh-data)")
+    print(f"plain Horovod loop  {p:10.1f}   runs {', '.join(f'{r:.0f}' for r, _ in plain)}")
+    print(f"hpcsuite train      {o:10.1f}   runs {', '.join(f'{r:.0f}' for r, _ in ours)}")
     print(f"ratio hpcsuite / plain  {o / p:.3f}  (overhead {100 * (1 - o / p):+.1f} %)")
+    # Each pair ran back to back, so its ratio shares the machine's state of that moment.
+    pairs = [mine[0] / theirs[0] for mine, theirs in zip(ours, plain)]
+    print(f"ratio per alternating pair      {spread(pairs)}")
     # Runs on this 2-core machine sometimes fall into a slow mode (ranks and Horovod's threads
     # fighting for the cores) on either side; the ratio of each side's best runs shows what the
     # code costs when neither is disturbed.
-    best = statistics.median(sorted(ours)[-3:]) / statistics.median(sorted(plain)[-3:])
+    best = statistics.median(sorted(r for r, _ in ours)[-3:]) / \
+        statistics.median(sorted(r for r, _ in plain)[-3:])
     print(f"ratio of the best three runs each  {best:.3f}")
+    # The median step is blind to bursts of other work on the machine, which the mean (the
+    # samples/s above) is not: plain median step / hpcsuite median step, per pair.
+    steps = [theirs[1] / mine[1] for mine, theirs in zip(ours, plain)]
+    print(f"median-step ratio per pair      {spread(steps)}")
+    print(f"median step ms: plain {spread([1e3 * t for _, t in plain])}")
+    print(f"                hpcsuite {spread([1e3 * t for _, t in ours])}")
 
 
 if __name__ == "__main__":
