@@ -29,11 +29,15 @@ def fresh_batches(a, rank: int):
     """A function giving step i's (inputs, labels) as numpy arrays, read from memory."""
     import numpy as np
 
-    rows = a.batch * 2 * a.steps
+    rows = a.samples or a.batch * 2 * a.steps
     rng = np.random.default_rng(rank)
     data_x = rng.standard_normal((rows, *a.shape), dtype=np.float32)
     data_y = rng.integers(0, a.classes, rows)
-    ids = np.sort(rng.permutation(rows)[:a.batch * a.steps].reshape(a.steps, a.batch), axis=1)
+    # Epoch after epoch of fresh permutations, cut into steps (a dataset smaller than the run
+    # is read more than once, as in training).
+    epochs = -(-a.batch * a.steps // rows)
+    order = np.concatenate([rng.permutation(rows) for _ in range(epochs)])
+    ids = np.sort(order[:a.batch * a.steps].reshape(a.steps, a.batch), axis=1)
     return lambda i: (data_x[ids[i]], data_y[ids[i]])
 
 
@@ -126,6 +130,8 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--samples", type=int, default=None,
+                    help="with --fresh-data: rows in memory (default: 2 x batch x steps)")
     ap.add_argument("--fresh-data", action="store_true",
                     help="a new batch each step, gathered from memory (not the baseline)")
     a = ap.parse_args()

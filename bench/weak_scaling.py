@@ -68,17 +68,18 @@ export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME={c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
 mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca btl '^openib' \\
   -x PATH -x OMP_NUM_THREADS -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x TF_CPP_MIN_LOG_LEVEL \\
-  {py} {plain} --backend {backend} --model mlp --shape {shape} --classes 10 --batch {batch} --steps {steps}
+  {py} {plain} --backend {backend} --model mlp --shape {shape} --classes 10 --batch {batch} --steps {steps} {fresh}
 """
 
 
 def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int,
-              cycle: float) -> float:
+              cycle: float, fresh: int | None) -> float:
     out = work / f"plain-{time.monotonic_ns()}.out"
     script = work / "plain.sbatch"
     script.write_text(PLAIN.format(nodes=nodes, out=out, py=PY, plain=ROOT / "bench" / "plain_loop.py",
                                    backend=backend, shape=shape, batch=batch, steps=steps,
-                                   cycle=cycle))
+                                   cycle=cycle,
+                                   fresh=f"--fresh-data --samples {fresh}" if fresh else ""))
     done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=900)
     text = out.read_text() if out.is_file() else ""
@@ -100,11 +101,15 @@ def main() -> None:
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--cycle-time", type=float, default=1.0,
                     help="HOROVOD_CYCLE_TIME in ms on both sides (hpcsuite's default: 1)")
+    ap.add_argument("--fresh-data", action="store_true",
+                    help="the plain loop gathers each step's batch from as many samples in memory "
+                         "as the job's dataset (hpcsuite's reads), instead of reusing one batch")
     a = ap.parse_args()
     env = cluster_env()
     import yaml
 
-    shape = yaml.safe_load(BASE.read_text())["train"]["data"]["shape"][0]
+    data = yaml.safe_load(BASE.read_text())["train"]["data"]
+    shape, fresh = data["shape"][0], (data["samples"] if a.fresh_data else None)
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="weak-") as tmp:
         work = Path(tmp)
@@ -115,7 +120,7 @@ def main() -> None:
                     row = results.setdefault(key, {"hpcsuite": [], "limit": [], "plain": []})
                     row["hpcsuite"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, True, a.cycle_time))
                     row["plain"].append(plain_run(env, work, a.backend, nodes, batch, a.steps, shape,
-                                                  a.cycle_time))
+                                                  a.cycle_time, fresh))
                     if nodes > 1:    # one rank has nothing to exchange: its limit is itself
                         row["limit"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps,
                                                          False, a.cycle_time))
@@ -125,6 +130,8 @@ def main() -> None:
     print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples, one rank per node, "
           f"{a.steps} steps, cycle time {a.cycle_time:g} ms, {a.repeats} alternated repeats "
           "(samples/s median [min-max])")
+    if fresh:
+        print(f"the plain loop gathers every step's batch from {fresh} samples in memory (--fresh-data)")
     print(f"{'batch':>5} {'nodes':>5} {'hpcsuite':>24} {'plain':>24} {'limit':>24} "
           f"{'hpc/plain':>9} {'hpc/limit':>9} {'plain/limit':>11}")
     for (batch, nodes), row in sorted(results.items()):
