@@ -108,18 +108,15 @@ def timed(fn, calls: int = 2000, repeats: int = 7) -> float:
 
 
 def host_costs(a) -> None:
-    import numpy as np
-
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from models import build
+    from plain_loop import fresh_batches
 
-    rng = np.random.default_rng(0)
-    rows = a.batch * 2 * a.steps                       # the dataset hpcsuite_run trains on
-    data_x = rng.standard_normal((rows, *a.shape), dtype=np.float32)
-    data_y = rng.integers(0, 10, rows)
-    ids = np.sort(rng.permutation(rows)[:a.batch * a.steps].reshape(a.steps, a.batch), axis=1)
+    # The plain loop's --fresh-data reader over the dataset hpcsuite_run trains on.
+    read = fresh_batches(argparse.Namespace(samples=None, batch=a.batch, steps=a.steps,
+                                            shape=a.shape, classes=10), 0)
     order = iter(range(1 << 62))
-    gather = lambda: (lambda i: (data_x[i], data_y[i]))(ids[next(order) % a.steps])  # noqa: E731
+    gather = lambda: read(next(order) % a.steps)  # noqa: E731
     costs = {"gather a batch by sample id (numpy)": timed(gather)}
     if a.backend == "torch":
         import torch
