@@ -2,15 +2,22 @@
 at the same configuration, and against the no-communication limit, in the same run.
 
 For each per-rank batch (the default study configuration's, then the bigger ones the study
-report recommends) and each repeat, alternating, on 1 and on 2 nodes (one rank per node):
-  hpcsuite   `hpcsuite submit` of examples/scaling/job.yaml (managed loop, sharded data)
-  limit      the same with train.horovod.allreduce=false (no gradient exchange)
-  plain      bench/plain_loop.py under the same sbatch allocation and mpirun line
-All three run the same steps and report steady-state samples/s with the same warm-up rule.
-Prints the medians [min-max] and the ratios: hpcsuite/plain and hpcsuite/limit at 2 nodes,
-and the weak-scaling efficiency (2-node throughput / 2 x 1-node throughput).
+report recommends) and each repeat, back to back, on 1 and on 2 nodes (one rank per node):
+  hpcsuite    `hpcsuite submit` of examples/scaling/job.yaml (managed loop, sharded data)
+  limit       the same with train.horovod.allreduce=false (no gradient exchange; 2 nodes only,
+              one rank has nothing to exchange)
+Within a repeat the kinds run back to back, starting with a different one each repeat.
+  plain       bench/plain_loop.py, one fixed batch (Horovod's synthetic benchmarks)
+  plain+data  bench/plain_loop.py --fresh-data: a new batch every step, gathered by sample ids
+              from as many samples in memory as the job's dataset (what a loop that trains on
+              data reads; hpcsuite does the same through its sharding layer)
+The plain loops run under an sbatch script with the mpirun line hpcsuite renders for this job
+(MCA parameters, Horovod settings, and the MPI wait mode: with one core per rank both sides
+yield while waiting, as hpcsuite's scripts do; --spin turns it off on both sides).
+All report steady-state samples/s with the same warm-up rule. Printed: medians [min-max], the
+ratios of the medians, and per repeat the ratios of the jobs that ran back to back.
 
-    .venv/bin/python bench/weak_scaling.py [--backend torch] [--batches 128,512] [-r 3]
+    .venv/bin/python bench/weak_scaling.py [--backend torch] [--batches 128,512] [-r 7]
 
 Needs the local cluster (`hpcsuite cluster up`); SLURM_CONF is taken from its state.
 """
@@ -44,10 +51,13 @@ def cluster_env() -> dict:
 
 
 def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
-                 allreduce: bool, cycle: float) -> float:
-    sets = [f"train.horovod.cycle_time_ms={cycle:g}", f"resources.nodes={nodes}", f"train.backend={backend}", f"train.batch_size={batch}",
+                 allreduce: bool, cycle: float, spin: bool = False) -> float:
+    sets = [f"train.horovod.cycle_time_ms={cycle:g}", f"resources.nodes={nodes}",
+            f"train.backend={backend}", f"train.batch_size={batch}",
             f"train.max_steps={steps}", "train.epochs=1000000", f"output_dir={work}/runs",
             f"train.horovod.allreduce={'true' if allreduce else 'false'}"]
+    if spin:
+        sets.append("env.OMPI_MCA_mpi_yield_when_idle=0")
     argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"]
     for s in sets:
         argv += ["--set", s]
@@ -66,19 +76,21 @@ PLAIN = """#!/bin/bash
 #SBATCH --output={out}
 export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME={cycle:g}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
+export OMPI_MCA_mpi_yield_when_idle={yield_}
 mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca btl '^openib' \\
   -x PATH -x OMP_NUM_THREADS -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x TF_CPP_MIN_LOG_LEVEL \\
+  -x OMPI_MCA_mpi_yield_when_idle \\
   {py} {plain} --backend {backend} --model mlp --shape {shape} --classes 10 --batch {batch} --steps {steps} {fresh}
 """
 
 
 def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int,
-              cycle: float, fresh: int | None) -> float:
+              cycle: float, fresh: int | None, spin: bool = False) -> float:
     out = work / f"plain-{time.monotonic_ns()}.out"
     script = work / "plain.sbatch"
     script.write_text(PLAIN.format(nodes=nodes, out=out, py=PY, plain=ROOT / "bench" / "plain_loop.py",
                                    backend=backend, shape=shape, batch=batch, steps=steps,
-                                   cycle=cycle,
+                                   cycle=cycle, yield_=0 if spin else 1,
                                    fresh=f"--fresh-data --samples {fresh}" if fresh else ""))
     done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=900)
@@ -93,65 +105,71 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.median(values):9.0f} [{min(values):.0f}-{max(values):.0f}]"
 
 
+KINDS = ("hpcsuite", "plain", "plain+data", "limit")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=["torch", "tensorflow"], default="torch")
     ap.add_argument("--batches", default="128,512", help="per-rank batches, comma-separated")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("-r", "--repeats", type=int, default=7)
     ap.add_argument("--cycle-time", type=float, default=1.0,
                     help="HOROVOD_CYCLE_TIME in ms on both sides (hpcsuite's default: 1)")
-    ap.add_argument("--fresh-data", action="store_true",
-                    help="the plain loop gathers each step's batch from as many samples in memory "
-                         "as the job's dataset (hpcsuite's reads), instead of reusing one batch")
+    ap.add_argument("--spin", action="store_true",
+                    help="MPI busy-polls while waiting, on both sides (OpenMPI's default; "
+                         "hpcsuite's scripts make ranks with one core yield)")
     a = ap.parse_args()
     env = cluster_env()
     import yaml
 
     data = yaml.safe_load(BASE.read_text())["train"]["data"]
-    shape, fresh = data["shape"][0], (data["samples"] if a.fresh_data else None)
+    shape, samples = data["shape"][0], data["samples"]
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="weak-") as tmp:
         work = Path(tmp)
         for batch in [int(b) for b in a.batches.split(",")]:
             for r in range(a.repeats):
                 for nodes in (1, 2):
-                    key = (batch, nodes)
-                    row = results.setdefault(key, {"hpcsuite": [], "limit": [], "plain": []})
-                    row["hpcsuite"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps, True, a.cycle_time))
-                    row["plain"].append(plain_run(env, work, a.backend, nodes, batch, a.steps, shape,
-                                                  a.cycle_time, fresh))
-                    if nodes > 1:    # one rank has nothing to exchange: its limit is itself
-                        row["limit"].append(hpcsuite_run(env, work, a.backend, nodes, batch, a.steps,
-                                                         False, a.cycle_time))
-                    limit = f", limit {row['limit'][-1]:.0f}" if row["limit"] else ""
-                    print(f"batch {batch} nodes {nodes} repeat {r}: hpcsuite {row['hpcsuite'][-1]:.0f}, "
-                          f"plain {row['plain'][-1]:.0f}{limit} samples/s", file=sys.stderr, flush=True)
-    print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples, one rank per node, "
-          f"{a.steps} steps, cycle time {a.cycle_time:g} ms, {a.repeats} alternated repeats "
-          "(samples/s median [min-max])")
-    if fresh:
-        print(f"the plain loop gathers every step's batch from {fresh} samples in memory (--fresh-data)")
-    print(f"{'batch':>5} {'nodes':>5} {'hpcsuite':>24} {'plain':>24} {'limit':>24} "
-          f"{'hpc/plain':>9} {'hpc/limit':>9} {'plain/limit':>11}")
+                    row = results.setdefault((batch, nodes), {k: [] for k in KINDS})
+                    common = (a.backend, nodes, batch, a.steps)
+                    runs = {
+                        "hpcsuite": lambda: hpcsuite_run(env, work, *common, True, a.cycle_time, a.spin),
+                        "plain": lambda: plain_run(env, work, *common, shape, a.cycle_time, None, a.spin),
+                        "plain+data": lambda: plain_run(env, work, *common, shape, a.cycle_time,
+                                                        samples, a.spin),
+                        "limit": lambda: hpcsuite_run(env, work, *common, False, a.cycle_time, a.spin),
+                    }
+                    kinds = [k for k in KINDS if nodes > 1 or k != "limit"]
+                    # Each repeat starts with another kind: the job that runs first after a
+                    # switch (of node count or batch) is not always the same one.
+                    for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+                        row[kind].append(runs[kind]())
+                    print(f"batch {batch} nodes {nodes} repeat {r}: " + ", ".join(
+                        f"{k} {v[-1]:.0f}" for k, v in row.items() if v) + " samples/s",
+                        file=sys.stderr, flush=True)
+    print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples ({samples} in the "
+          f"dataset), one rank per node, {a.steps} steps, cycle time {a.cycle_time:g} ms, "
+          f"MPI waits {'spin' if a.spin else 'yield'}, {a.repeats} repeats (samples/s median [min-max])")
+    print(f"{'batch':>5} {'nodes':>5} " + " ".join(f"{k:>24}" for k in KINDS))
     for (batch, nodes), row in sorted(results.items()):
-        med = {k: statistics.median(v) for k, v in row.items() if v}
-        limit = med.get("limit", med["hpcsuite"])
-        print(f"{batch:>5} {nodes:>5} {fmt(row['hpcsuite']):>24} {fmt(row['plain']):>24} "
-              f"{fmt(row['limit']) if row['limit'] else '(itself)':>24} "
-              f"{med['hpcsuite'] / med['plain']:9.3f} "
-              f"{med['hpcsuite'] / limit:9.3f} {med['plain'] / limit:11.3f}")
+        print(f"{batch:>5} {nodes:>5} " + " ".join(
+            f"{fmt(row[k]) if row[k] else '(itself)':>24}" for k in KINDS))
+    print("ratios: of the medians; per repeat: median [min-max] of the ratios of the jobs that "
+          "ran back to back")
+    for (batch, nodes), row in sorted(results.items()):
+        for other in ("plain", "plain+data", "limit"):
+            if not row[other]:
+                continue
+            pairs = [h / o for h, o in zip(row["hpcsuite"], row[other])]
+            print(f"batch {batch:>5}, {nodes} node(s): hpcsuite/{other:<10} "
+                  f"{statistics.median(row['hpcsuite']) / statistics.median(row[other]):6.3f}   "
+                  f"per repeat {statistics.median(pairs):6.3f} [{min(pairs):.3f}-{max(pairs):.3f}]")
     for batch in sorted({b for b, _ in results}):
-        one, two = (statistics.median(results[(batch, n)]["hpcsuite"]) for n in (1, 2))
-        p1, p2 = (statistics.median(results[(batch, n)]["plain"]) for n in (1, 2))
-        print(f"batch {batch}: weak-scaling efficiency hpcsuite {two / (2 * one):.3f}, "
-              f"plain {p2 / (2 * p1):.3f}")
-        # The three at 2 nodes ran back to back in each repeat: their ratios share its moment.
-        row = results[(batch, 2)]
-        for name, other in (("plain", row["plain"]), ("limit", row["limit"])):
-            pairs = [h / o for h, o in zip(row["hpcsuite"], other)]
-            print(f"batch {batch}, 2 nodes: hpcsuite/{name} per repeat median "
-                  f"{statistics.median(pairs):.3f} [{min(pairs):.3f}-{max(pairs):.3f}]")
+        eff = {k: statistics.median(results[(batch, 2)][k]) / (2 * statistics.median(results[(batch, 1)][k]))
+               for k in ("hpcsuite", "plain", "plain+data")}
+        print(f"batch {batch}: weak-scaling efficiency (2-node / 2 x 1-node) " +
+              ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,20 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
     return env
 
 
+def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:
+    """OpenMPI settings a job's ranks need beyond the site's MCA parameters.
+
+    A rank given one core shares it with Horovod's background thread, which makes the MPI
+    calls. OpenMPI busy-polls while it waits unless it knows a node is oversubscribed, and it
+    cannot know this one is: the polling thread then holds the core the rank computes on (on
+    the local cluster single 2-rank runs swung 10x). Such ranks yield while they wait. A site
+    decides otherwise with ``mpi.mca.mpi_yield_when_idle`` in its profile; a job with
+    ``env``."""
+    if job.resources.cpus_per_task >= 2 or "mpi_yield_when_idle" in profile.mpi.mca:
+        return {}
+    return {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
 @record
 class BatchRequest(Record):
     """Everything `submit` needs; its repr is the script, so --dry-run shows the truth."""
@@ -119,7 +133,7 @@ def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[s
 def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
          locks: tuple[str, ...] = ()) -> BatchRequest:
     """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks)."""
-    environment = {**horovod_environment(job), **job.env}
+    environment = {**horovod_environment(job), **mpi_environment(job, profile), **job.env}
     command = [profile.interpreter(), "-m", "hpcsuite", "train", "--job", Raw('"$RUN_DIR/job.json"')]
     ctx = LaunchContext(job=job, mpi=profile.mpi, command=tuple(command),
                         env_names=("PATH", "HPCSUITE_RUN_DIR", *environment))

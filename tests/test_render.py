@@ -8,7 +8,7 @@ import pytest
 
 from hpcsuite.errors import UserError
 from hpcsuite.plan import plan
-from hpcsuite.profile import SiteProfile
+from hpcsuite.profile import Mpi, SiteProfile
 from hpcsuite.spec import spec_from_dict
 from hpcsuite.templating import SearchPath, render
 
@@ -110,3 +110,28 @@ def test_stall_check_zero_disables_it():
     job = spec_from_dict({"name": "x", "train": {"horovod": {"stall_check_seconds": 0}}}, "t")
     script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
     assert "export HOROVOD_STALL_CHECK_DISABLE=1" in script
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_ranks_with_one_core_yield_while_waiting_in_mpi(launcher):
+    """One core per rank is shared with Horovod's background thread: MPI must not spin on it."""
+    job = spec_from_dict({"name": "x", "launcher": launcher}, "t")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    assert "export OMPI_MCA_mpi_yield_when_idle=1" in script.splitlines()
+    if launcher == "mpirun":
+        assert "-x OMPI_MCA_mpi_yield_when_idle" in [l for l in script.splitlines()
+                                                     if l.startswith("mpirun ")][0]
+
+
+def test_ranks_with_cores_to_spare_and_site_choices_keep_mpi_defaults():
+    two = spec_from_dict({"name": "x", "resources": {"cpus_per_task": 2}}, "t")
+    assert "OMPI_MCA_mpi_yield_when_idle" not in plan(
+        two, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    one = spec_from_dict({"name": "x"}, "t")
+    site = SiteProfile(python="python3", mpi=Mpi(mca={"pml": "ob1", "mpi_yield_when_idle": "0"}))
+    script = plan(one, site, SearchPath.builtin_only()).script
+    assert "OMPI_MCA_mpi_yield_when_idle" not in script
+    assert "--mca mpi_yield_when_idle 0" in script
+    mine = spec_from_dict({"name": "x", "env": {"OMPI_MCA_mpi_yield_when_idle": "0"}}, "t")
+    assert "export OMPI_MCA_mpi_yield_when_idle=0" in plan(
+        mine, SiteProfile(python="python3"), SearchPath.builtin_only()).script.splitlines()
