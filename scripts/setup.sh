@@ -83,7 +83,18 @@ fi
 # ---------------------------------------------------------------- Horovod
 mpi_version=$(mpirun --version 2>/dev/null | head -n1 | awk '{print $NF}')
 py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+# GPU nodes: with CUDA present (nvcc on PATH or in /usr/local/cuda, and torch.cuda built in)
+# Horovod's GPU allreduce goes through NCCL; HOROVOD_GPU_OPERATIONS=none forces a CPU build.
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
+if [[ -z $gpu_ops ]]; then
+  if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then gpu_ops=NCCL; else gpu_ops=none; fi
+fi
 key="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_tf-${TF_VERSION}_${py_tag}_openmpi-${mpi_version}"
+gpu_env=()
+if [[ $gpu_ops != none ]]; then
+  key="${key}_gpu-${gpu_ops,,}"
+  gpu_env=(HOROVOD_GPU_OPERATIONS="$gpu_ops" HOROVOD_CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}")
+fi
 wheel_dir=$CACHE/wheels/$key
 
 # .horovod-key is written only after `horovodrun --check-build` passed for this exact key.
@@ -120,7 +131,7 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
   (cd "$src" && PATH=$VENV/bin:$PATH \
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
     HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS=-j"$(nproc)" \
-    "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+    env "${gpu_env[@]}" "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
       -w "$build/dist" . ) > "$build/build.log" 2>&1 \
     || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
   mkdir -p "$wheel_dir"

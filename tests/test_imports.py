@@ -22,7 +22,8 @@ print("\\nHEAVY=" + json.dumps(heavy))
 
 COMMANDS = [
     ["--help"], ["render", "--help"], ["submit", "--help"], ["status", "--help"],
-    ["logs", "--help"], ["cancel", "--help"], ["cluster", "--help"], ["cluster", "status", "--help"],
+    ["logs", "--help"], ["cancel", "--help"], ["runs", "--help"], ["cluster", "--help"],
+    ["cluster", "status", "--help"],
     ["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
     ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"],
 ]
@@ -51,3 +52,40 @@ def test_sharding_data_and_checkpoint_layers_import_no_framework():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+# Installed by scripts/setup.sh, not by an extra (Horovod is a patched source build).
+SETUP_INSTALLED = {"torch", "tensorflow", "keras", "horovod"}
+
+
+def _third_party_imports(paths) -> set[str]:
+    import ast
+
+    found = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found.update(n.split(".")[0] for n in names)
+    return {n for n in found if n not in sys.stdlib_module_names and n != "hpcsuite"}
+
+
+def test_every_module_the_runtime_imports_is_in_the_train_extra():
+    """`pip install hpcsuite[train]` (plus setup.sh's frameworks) is all a compute node needs."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    train = {re.split(r"[<>=\[ ]", req)[0].replace("-", "_").lower() for req in extras["train"]}
+    base = {re.split(r"[<>=\[ ]", req)[0].replace("-", "_").lower() for req in
+            tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]}
+    aliases = {"yaml": "pyyaml"}
+    used = _third_party_imports((root / "hpcsuite" / "runtime").glob("*.py"))
+    used |= _third_party_imports([root / "hpcsuite" / "api.py"])
+    missing = {m for m in used - SETUP_INSTALLED if aliases.get(m, m) not in train | base}
+    assert not missing, f"imported by the runtime but in no install extra: {sorted(missing)}"

@@ -1,0 +1,313 @@
+"""`hpcsuite doctor`: is this cluster set up the way the site profile says, before a job finds out.
+
+Each check passes, warns or fails, with what it saw and how to fix it. Checks read the login
+node (Slurm's answers, MPI, the Horovod build, network devices, GPUs) and, unless told not to,
+one compute node through ``srun`` (the Python, frameworks and Horovod the ranks will import).
+Nothing here imports a framework: the compute side is asked in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import slurm
+from .profile import SiteProfile
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str          # pass | warn | fail
+    detail: str          # what was seen
+    hint: str = ""       # how to fix it (warn, fail)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _run(argv: list[str], timeout: float = 60, env: dict | None = None) -> tuple[int, str]:
+    """(exit code, stdout + stderr); 127 when the program is missing, 124 on a timeout."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=env if env is not None else slurm.slurm_env(),
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: command not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"{argv[0]} did not answer within {timeout:g}s"
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+# ---------------------------------------------------------------------------- parsers
+
+def parse_partitions(text: str) -> dict[str, str]:
+    """``sinfo -h -o '%R %a'`` -> {partition: availability (up, down, ...)}."""
+    found = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            found[parts[0]] = parts[1]
+    return found
+
+
+def parse_mpi_list(text: str) -> set[str]:
+    """``srun --mpi=list``: the plugin names, including the specific pmix versions."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if line.lower().startswith("specific pmix plugin versions available:"):
+            names.update(v.strip() for v in line.split(":", 1)[1].split(","))
+        elif line and " " not in line:
+            names.add(line)
+    return names - {""}
+
+
+def parse_check_build(text: str) -> dict[str, set[str]]:
+    """``horovodrun --check-build`` -> {"frameworks"|"controllers"|"operations": {marked}}."""
+    sections = {"Available Frameworks": "frameworks", "Available Controllers": "controllers",
+                "Available Tensor Operations": "operations"}
+    out: dict[str, set[str]] = {v: set() for v in sections.values()}
+    current = None
+    for line in text.splitlines():
+        head = line.strip().rstrip(":")
+        if head in sections:
+            current = sections[head]
+            continue
+        m = re.match(r"\s*\[(X| )\]\s+(\S+)", line)
+        if m and current and m.group(1) == "X":
+            out[current].add(m.group(2))
+    return out
+
+
+def interface_names(value: str) -> tuple[list[str], bool]:
+    """NCCL_SOCKET_IFNAME-style value -> (prefixes or names, exact); ``^`` excludes (not checked)."""
+    if value.startswith("^"):
+        return [], False
+    exact = value.startswith("=")
+    return [v for v in value.lstrip("=").split(",") if v], exact
+
+
+# ---------------------------------------------------------------------------- checks
+
+def check_slurm(profile: SiteProfile) -> Check:
+    code, out = _run(["sinfo", "-h", "-o", "%R %a"], timeout=30)
+    if code != 0:
+        return Check("slurm", FAIL, out.splitlines()[-1] if out else f"sinfo exit {code}",
+                     "is the controller up and SLURM_CONF right? (the local cluster: "
+                     "`hpcsuite cluster up`)")
+    partitions = parse_partitions(out)
+    missing = sorted(set(profile.partitions) - set(partitions))
+    if missing:
+        return Check("slurm", FAIL, f"the profile names partition(s) {', '.join(missing)}; Slurm "
+                     f"has {', '.join(sorted(partitions)) or 'none'}",
+                     "fix partitions: in the site profile")
+    down = sorted(p for p in profile.partitions or partitions if partitions.get(p) != "up")
+    detail = f"partitions {', '.join(f'{p} ({a})' for p, a in sorted(partitions.items()))}"
+    if down:
+        return Check("slurm", WARN, detail, f"partition(s) {', '.join(down)} not up")
+    return Check("slurm", PASS, detail)
+
+
+def check_pmi(profile: SiteProfile, launcher: str | None) -> Check:
+    want = profile.mpi.srun_mpi
+    code, out = _run(["srun", "--mpi=list"], timeout=30)
+    if code != 0:
+        return Check("pmi", FAIL, out.splitlines()[-1] if out else f"srun exit {code}",
+                     "srun is needed on the login node to start jobs' ranks")
+    plugins = parse_mpi_list(out)
+    if want in plugins or want == "none":
+        return Check("pmi", PASS, f"srun --mpi={want} available ({', '.join(sorted(plugins))})")
+    hint = (f"set mpi.srun_mpi in the site profile to one of {', '.join(sorted(plugins))}, or "
+            "build Slurm with PMIx; jobs with launcher: mpirun do not need it")
+    status = WARN if launcher == "mpirun" else FAIL
+    return Check("pmi", status, f"srun --mpi={want} (the profile's mpi.srun_mpi) is not among "
+                 f"{', '.join(sorted(plugins))}", hint)
+
+
+def check_mpi() -> Check:
+    code, out = _run(["mpirun", "--version"], timeout=30, env=dict(os.environ))
+    first = out.splitlines()[0] if out else ""
+    if code != 0:
+        return Check("mpi", FAIL, first or f"mpirun exit {code}",
+                     "load the MPI module in the profile (modules:) or install OpenMPI")
+    if "Open MPI" not in first:
+        return Check("mpi", FAIL, first, "hpcsuite's mpirun launcher speaks OpenMPI's options; "
+                     "use launcher: srun or an OpenMPI module")
+    return Check("mpi", PASS, first)
+
+
+def horovod_build(python: str) -> tuple[int, str]:
+    runner = Path(python).parent / "horovodrun"
+    argv = [str(runner), "--check-build"] if runner.exists() else \
+        [python, "-c", "import sys; from horovod.runner.launch import run_commandline; "
+                       "sys.argv = ['horovodrun', '--check-build']; run_commandline()"]
+    return _run(argv, timeout=180, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def check_horovod(build: tuple[int, str], profile: SiteProfile) -> Check:
+    code, out = build
+    if code != 0:
+        return Check("horovod", FAIL, out.splitlines()[-1] if out else f"exit {code}",
+                     "install Horovod with scripts/setup.sh (or load the site's module)")
+    b = parse_check_build(out)
+    detail = (f"frameworks {', '.join(sorted(b['frameworks'])) or 'none'}; controllers "
+              f"{', '.join(sorted(b['controllers'])) or 'none'}; operations "
+              f"{', '.join(sorted(b['operations'])) or 'none'}")
+    missing = {"PyTorch", "TensorFlow"} - b["frameworks"]
+    if "MPI" not in b["controllers"]:
+        return Check("horovod", FAIL, detail, "rebuild Horovod with HOROVOD_WITH_MPI=1 "
+                     "(scripts/setup.sh does)")
+    gpus = {name: p.gpus_per_node for name, p in profile.partitions.items() if p.gpus_per_node}
+    if gpus and "NCCL" not in b["operations"]:
+        where = ", ".join(f"{n}: {g} per node" for n, g in sorted(gpus.items()))
+        return Check("horovod", FAIL, f"{detail}; the profile has GPU partitions ({where}) but "
+                     "this Horovod has no NCCL", "rebuild Horovod on a node with CUDA: "
+                     "scripts/setup.sh builds it with HOROVOD_GPU_OPERATIONS=NCCL there")
+    if missing:
+        return Check("horovod", WARN, detail, f"no {', '.join(sorted(missing))} support: jobs "
+                     "with that backend fail at import")
+    return Check("horovod", PASS, detail)
+
+
+def check_infiniband(profile: SiteProfile, root: Path = Path("/sys/class/infiniband")) -> Check:
+    devices = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    ucx = profile.mpi.mca.get("pml") == "ucx"
+    if devices:
+        return Check("infiniband", PASS, f"devices {', '.join(devices)}" +
+                     ("" if ucx else "; the profile does not use pml ucx"))
+    if ucx:
+        return Check("infiniband", WARN, "no InfiniBand devices, but the profile sets mpi.mca.pml: "
+                     "ucx", "on nodes without InfiniBand use pml: ob1 (TCP)")
+    return Check("infiniband", PASS, "no InfiniBand devices; MPI runs over TCP (pml ob1)")
+
+
+def check_network(env: dict[str, str], profile: SiteProfile,
+                  root: Path = Path("/sys/class/net")) -> Check:
+    interfaces = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    settings = {k: env[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                                    "HOROVOD_GLOO_IFACE") if env.get(k)}
+    for key in ("btl_tcp_if_include", "oob_tcp_if_include"):
+        if profile.mpi.mca.get(key):
+            settings[f"mpi.mca.{key}"] = profile.mpi.mca[key]
+    if env.get("UCX_NET_DEVICES"):
+        settings["UCX_NET_DEVICES"] = env["UCX_NET_DEVICES"]
+    problems = []
+    for key, value in settings.items():
+        if key == "UCX_NET_DEVICES":
+            names = [v.split(":")[0] for v in value.split(",") if v and v != "all"]
+            exact = True
+        else:
+            names, exact = interface_names(value)
+        for name in names:
+            if "/" in name:        # a CIDR subnet (btl_tcp_if_include accepts them)
+                continue
+            ok = name in interfaces if exact else any(i.startswith(name) for i in interfaces)
+            if not ok and not (key == "UCX_NET_DEVICES" and Path("/sys/class/infiniband", name).exists()):
+                problems.append(f"{key}={value} names {name}")
+    detail = f"interfaces {', '.join(interfaces) or 'none'}"
+    if settings:
+        detail += "; " + ", ".join(f"{k}={v}" for k, v in settings.items())
+    if problems:
+        return Check("network", FAIL, f"{detail}; no such interface: {'; '.join(problems)}",
+                     "name an interface this node has (ip -br link), in the profile's env/mca")
+    return Check("network", PASS, detail)
+
+
+def check_gpus(profile: SiteProfile) -> Check:
+    wanted = {n: p.gpus_per_node for n, p in profile.partitions.items() if p.gpus_per_node}
+    try:
+        import pynvml     # nvidia-ml-py, where the site installed it
+    except ImportError:
+        pynvml = None
+    count, how = 0, None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            count, how = pynvml.nvmlDeviceGetCount(), "NVML"
+            pynvml.nvmlShutdown()
+        except Exception:   # noqa: BLE001 - no driver: NVML raises its own error types
+            count = 0
+    if how is None and shutil.which("nvidia-smi"):
+        code, out = _run(["nvidia-smi", "-L"], timeout=30, env=dict(os.environ))
+        count, how = (len([l for l in out.splitlines() if l.startswith("GPU ")]), "nvidia-smi") \
+            if code == 0 else (0, None)
+    detail = f"{count} GPU(s) on this node ({how})" if how else "no NVIDIA GPUs on this node"
+    if wanted:
+        return Check("gpus", PASS, detail + "; GPU partitions: " +
+                     ", ".join(f"{n} ({g} per node)" for n, g in sorted(wanted.items())))
+    return Check("gpus", PASS, detail)
+
+
+PROBE = """
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+out = {"python": sys.version.split()[0], "host": os.uname().nodename}
+for mod in ("numpy", "torch", "tensorflow", "horovod", "mpi4py"):
+    try:
+        out[mod] = __import__(mod).__version__
+    except Exception as e:
+        out[mod] = "MISSING: " + type(e).__name__ + ": " + str(e)[:120]
+print("HPCSUITE_PROBE=" + json.dumps(out))
+"""
+
+
+def check_compute(python: str, partition: str | None, timeout: float = 300) -> Check:
+    argv = ["srun", "--nodes=1", "--ntasks=1", "--time=00:05:00", "--job-name=hpcsuite-doctor"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    code, out = _run([*argv, python, "-c", PROBE], timeout=timeout)
+    line = next((l for l in out.splitlines() if l.startswith("HPCSUITE_PROBE=")), None)
+    if code != 0 or line is None:
+        return Check("compute", FAIL, (out.splitlines() or [f"srun exit {code}"])[-1][:300],
+                     f"the ranks run {python} on the compute nodes: set python: in the site "
+                     "profile, or load the site's modules")
+    found = json.loads(line.split("=", 1)[1])
+    missing = {k: v for k, v in found.items() if str(v).startswith("MISSING")}
+    detail = ", ".join(f"{k} {v}" for k, v in found.items() if k not in missing)
+    if {"numpy", "horovod"} & set(missing) or {"torch", "tensorflow"} <= set(missing):
+        return Check("compute", FAIL, f"{detail}; " + "; ".join(f"{k} {v}" for k, v in
+                     missing.items()), "install the train extra and frameworks on the compute "
+                     "nodes (scripts/setup.sh) or load the site's modules")
+    if missing:
+        return Check("compute", WARN, f"{detail}; {', '.join(missing)} missing",
+                     "jobs with that backend fail at import")
+    return Check("compute", PASS, detail)
+
+
+def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str | None = None,
+               env: dict[str, str] | None = None, compute: bool = True) -> list[Check]:
+    python = profile.interpreter()
+    env = {**os.environ, **(env or {})}
+    checks = [check_slurm(profile), check_pmi(profile, launcher), check_mpi(),
+              check_horovod(horovod_build(python), profile), check_infiniband(profile),
+              check_network(env, profile), check_gpus(profile)]
+    if compute:
+        if checks[0].status == FAIL:
+            checks.append(Check("compute", FAIL, "not asked: Slurm does not answer",
+                                "fix the slurm check first"))
+        else:
+            checks.append(check_compute(python, partition))
+    return checks
+
+
+def report(checks: list[Check]) -> str:
+    mark = {PASS: "ok  ", WARN: "WARN", FAIL: "FAIL"}
+    lines = []
+    for c in checks:
+        lines.append(f"{mark[c.status]} {c.name:<11} {c.detail}")
+        if c.hint and c.status != PASS:
+            lines.append(f"     {'':<11} -> {c.hint}")
+    fails = sum(c.status == FAIL for c in checks)
+    warns = sum(c.status == WARN for c in checks)
+    lines.append(f"{len(checks)} checks: {fails} failed, {warns} warnings")
+    return "\n".join(lines)
+
+

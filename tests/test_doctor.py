@@ -1,0 +1,75 @@
+"""doctor's parsers and the checks that read only files (the rest run in test_e2e_doctor)."""
+
+from hpcsuite import doctor
+from hpcsuite.profile import Mpi, Partition, SiteProfile
+
+CHECK_BUILD = """Horovod v0.28.1:
+
+Available Frameworks:
+    [X] TensorFlow
+    [X] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [X] MPI
+    [X] Gloo
+
+Available Tensor Operations:
+    [ ] NCCL
+    [ ] DDL
+    [ ] CCL
+    [X] MPI
+    [X] Gloo
+"""
+
+
+def test_parse_check_build():
+    b = doctor.parse_check_build(CHECK_BUILD)
+    assert b == {"frameworks": {"TensorFlow", "PyTorch"}, "controllers": {"MPI", "Gloo"},
+                 "operations": {"MPI", "Gloo"}}
+
+
+def test_parse_mpi_list_includes_pmix_versions():
+    text = ("MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\n"
+            "specific pmix plugin versions available: pmix_v4,pmix_v5\n")
+    assert doctor.parse_mpi_list(text) == {"pmix", "none", "cray_shasta", "pmi2", "pmix_v4", "pmix_v5"}
+
+
+def test_gpu_partitions_need_a_horovod_built_with_nccl():
+    gpu = SiteProfile(partitions={"gpu": Partition(gpus_per_node=4)})
+    check = doctor.check_horovod((0, CHECK_BUILD), gpu)
+    assert check.status == doctor.FAIL and "no NCCL" in check.detail and "NCCL" in check.hint
+    with_nccl = CHECK_BUILD.replace("[ ] NCCL", "[X] NCCL")
+    assert doctor.check_horovod((0, with_nccl), gpu).status == doctor.PASS
+    assert doctor.check_horovod((0, CHECK_BUILD), SiteProfile()).status == doctor.PASS
+    no_mpi = CHECK_BUILD.replace("    [X] MPI\n    [X] Gloo\n\nAvailable Tensor", "    [ ] MPI\n"
+                                 "    [X] Gloo\n\nAvailable Tensor")
+    assert doctor.check_horovod((0, no_mpi), SiteProfile()).status == doctor.FAIL
+    assert doctor.check_horovod((127, "horovodrun: command not found"), SiteProfile()).status == doctor.FAIL
+
+
+def test_network_names_must_exist(tmp_path):
+    net = tmp_path / "net"
+    for name in ("lo", "eth0", "ib0"):
+        (net / name).mkdir(parents=True)
+    ok = doctor.check_network({"NCCL_SOCKET_IFNAME": "eth"}, SiteProfile(), net)
+    assert ok.status == doctor.PASS and "NCCL_SOCKET_IFNAME=eth" in ok.detail
+    bad = doctor.check_network({"NCCL_SOCKET_IFNAME": "=eno1"}, SiteProfile(), net)
+    assert bad.status == doctor.FAIL and "names eno1" in bad.detail
+    mca = SiteProfile(mpi=Mpi(mca={"btl_tcp_if_include": "ens5,10.0.0.0/8"}))
+    assert doctor.check_network({}, mca, net).status == doctor.FAIL
+    assert doctor.check_network({"NCCL_SOCKET_IFNAME": "^docker"}, SiteProfile(), net).status == doctor.PASS
+
+
+def test_ucx_without_infiniband_warns(tmp_path):
+    ucx = SiteProfile(mpi=Mpi(mca={"pml": "ucx"}))
+    assert doctor.check_infiniband(ucx, tmp_path / "none").status == doctor.WARN
+    (tmp_path / "ib" / "mlx5_0").mkdir(parents=True)
+    assert doctor.check_infiniband(ucx, tmp_path / "ib").status == doctor.PASS
+
+
+def test_report_marks_each_check():
+    text = doctor.report([doctor.Check("slurm", doctor.PASS, "partitions debug (up)"),
+                          doctor.Check("pmi", doctor.FAIL, "srun --mpi=pmix_v9 missing", "set it")])
+    assert "ok   slurm" in text and "FAIL pmi" in text and "-> set it" in text
+    assert text.endswith("2 checks: 1 failed, 0 warnings")

@@ -1,0 +1,40 @@
+"""End to end: `hpcsuite doctor` against the real local cluster."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def test_doctor_passes_on_the_local_cluster(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    proc = run_cli("doctor", "--json", cwd=tmp_path, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert set(checks) == {"slurm", "pmi", "mpi", "horovod", "infiniband", "network", "gpus",
+                           "compute"}
+    assert all(c["status"] != "fail" for c in checks.values()), checks
+    assert "debug (up)" in checks["slurm"]["detail"]
+    assert "Open MPI" in checks["mpi"]["detail"]
+    assert "PyTorch" in checks["horovod"]["detail"] and "MPI" in checks["horovod"]["detail"]
+    # The probe ran on a compute node of the cluster, with the frameworks the ranks import.
+    compute = checks["compute"]["detail"]
+    assert "torch 2." in compute and "tensorflow 2." in compute and "horovod 0.28.1" in compute
+
+
+def test_doctor_fails_with_a_hint_when_the_launchers_pmi_is_missing(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("mpi: {srun_mpi: pmix_v9}\npartitions: {debug: {}, gpu: {gpus_per_node: 4}}\n")
+    proc = run_cli("doctor", "--profile", str(profile), "--no-compute", cwd=tmp_path, env=env,
+                   timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    pmi = next(i for i, l in enumerate(lines) if l.startswith("FAIL pmi"))
+    assert "srun --mpi=pmix_v9" in lines[pmi] and "set mpi.srun_mpi" in lines[pmi + 1]
+    assert any(l.startswith("FAIL slurm") and "gpu" in l for l in lines)      # no such partition
+    assert any(l.startswith("FAIL horovod") and "no NCCL" in l for l in lines)
+    assert "Traceback" not in proc.stderr
