@@ -44,6 +44,8 @@ import numpy as np
 
 from .errors import UserError
 from .results import Results, step_stats, write_json_atomic
+
+PROGRESS_SECONDS = 2.0   # rank 0 rewrites progress.json at most this often
 from .spec import JobSpec
 
 log = logging.getLogger("hpcsuite.api")
@@ -125,6 +127,7 @@ class Run:
         self._checkpoints: list[dict] = []
         self._n: int | None = None
         self._finished = False
+        self._progress_at = float("-inf")
         _ACTIVE = self
 
     # ---------------------------------------------------------------- resume
@@ -201,9 +204,23 @@ class Run:
         self._last = now
         for key, value in metrics.items():
             self._metrics.setdefault(key, []).append(float(value))
+        if self.rank == 0 and time.monotonic() - self._progress_at >= PROGRESS_SECONDS:
+            self._write_progress(metrics)
         if self.rank == 0 and self._policy.log_due(time.monotonic()):
             shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             log.info("step %d, epoch %d%s", self.step, self.cursor.epoch, f", {shown}" if shown else "")
+
+    def _write_progress(self, metrics: dict) -> None:
+        from .results import write_progress
+
+        self._progress_at = time.monotonic()
+        times, real = self._step_times[-50:], self._real[-50:]
+        rate = sum(real[-len(times):]) / sum(times) if times and real and sum(times) > 0 else None
+        write_progress(self.run_dir, {
+            "step": self.step, "epoch": self.cursor.epoch, "max_steps": self.t.max_steps,
+            "samples_per_s": rate, "loss": float(metrics["loss"]) if "loss" in metrics else None,
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "time": time.time()})
 
     # ---------------------------------------------------------------- stopping and saving
     def should_stop(self) -> bool:

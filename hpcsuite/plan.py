@@ -62,6 +62,8 @@ class BatchRequest(Record):
     run_root: str                     # runs/<name>, relative to the submit directory
     template: str                     # the template file that rendered the script
     workdir: str = field(default_factory=os.getcwd)
+    spec: str | None = None           # the spec file submitted (for the run registry)
+    profile: dict = field(default_factory=dict)   # the resolved site profile
 
     def __repr__(self) -> str:
         return self.script
@@ -162,8 +164,10 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
     }
     script = render(path, job.template, context)
     check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)")
+    from .schema import to_dict
+
     return BatchRequest(job=job, script=script, sbatch_argv=["sbatch", "--parsable"],
-                        run_root=run_root, template=str(template_file))
+                        run_root=run_root, template=str(template_file), profile=to_dict(profile))
 
 
 @record
@@ -192,12 +196,27 @@ def submit(request: BatchRequest) -> Submitted:
     run_dir.mkdir(parents=True, exist_ok=True)
     script_path = run_dir / "job.sbatch"
     os.replace(staged, script_path)
+    submitted_at = dt.datetime.now().isoformat(timespec="seconds")
     (run_dir / "submit.json").write_text(json.dumps({
-        "job_id": job_id, "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "workdir": request.workdir, "template": request.template,
+        "job_id": job_id, "submitted_at": submitted_at,
+        "workdir": request.workdir, "template": request.template, "spec": request.spec,
         "sbatch_argv": [*request.sbatch_argv, str(script_path)],
     }, indent=2) + "\n")
     import logging
 
+    from . import registry
+
+    try:   # the job is in Slurm's hands now: a failure to record it must not hide its id
+        (run_dir / "profile.json").write_text(json.dumps(request.profile, indent=2,
+                                                         sort_keys=True) + "\n")
+        registry.record(request.workdir, {
+            "job_id": job_id, "name": request.job.name, "run_dir": str(run_dir),
+            "spec": request.spec, "spec_digest": request.job.digest(),
+            "template": request.template, "script": str(script_path),
+            "git": registry.git_state(request.workdir)})
+    except OSError as e:
+        logging.getLogger(__name__).warning(
+            "submitted job %s, but could not record it in %s: %s", job_id,
+            registry.path_in(request.workdir), e.strerror or e)
     logging.getLogger(__name__).info("submitted job %s, run directory %s", job_id, run_dir)
     return Submitted(job_id=job_id, run_dir=str(run_dir), script_path=str(script_path))

@@ -34,6 +34,31 @@ def write_json_atomic(path: Path, data: object) -> None:
         raise
 
 
+PROGRESS = "progress.json"
+
+
+def write_progress(run_dir: Path, progress: dict) -> None:
+    """Rank 0's latest step, epoch, throughput and loss while a job runs (``status``,
+    ``submit --wait``): replaced whole every few seconds, never fsynced (losing the last one
+    in a crash loses nothing that matters)."""
+    path = Path(run_dir) / PROGRESS
+    tmp = path.with_name(f".{PROGRESS}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(progress, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)   # progress is a convenience: training goes on
+
+
+def read_progress(run_dir: str | Path) -> dict | None:
+    """The job's latest progress record, or None (none yet, or caught mid-replace)."""
+    try:
+        data = json.loads((Path(run_dir) / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 @dataclass
 class Results:
     job: str = ""

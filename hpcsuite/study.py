@@ -561,15 +561,17 @@ def refresh(sd: StudyDir, state: dict) -> None:
     from . import jobs
 
     points = {p.id: p for p in sd.points()}
-    for pid, entry in state.items():
-        if entry.get("status") in ("done", "failed") or not entry.get("job_id"):
-            continue
+    open_ = {pid: e for pid, e in state.items()
+             if e.get("status") not in ("done", "failed") and e.get("job_id")}
+    # One Slurm query for every point in flight, however many there are.
+    known = jobs.query_many([e["job_id"] for e in open_.values()]) if open_ else {}
+    for pid, entry in open_.items():
         point = points[pid]
-        try:
-            slurm_state = jobs.query(entry["job_id"])
+        slurm_state = known.get(entry["job_id"])
+        if slurm_state is not None:
             entry["slurm"] = slurm_state.state
             finished = slurm_state.finished
-        except UserError:
+        else:
             entry["slurm"] = "UNKNOWN"
             finished = True              # the controller forgot it: judge by what it left
         if point_done(sd, point, entry):

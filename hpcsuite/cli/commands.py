@@ -22,8 +22,11 @@ def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()
     r = resolve(spec, profile_path, sets)
     for warning in enforce(lint(r.job, r.profile), spec):
         click.echo(f"{spec}: {warning}", err=True)
+    import dataclasses
+
     site_only = "template" in r.locks
-    return plan(r.job, r.profile, SearchPath.default(template_dir, site_only=site_only), r.locks)
+    request = plan(r.job, r.profile, SearchPath.default(template_dir, site_only=site_only), r.locks)
+    return dataclasses.replace(request, spec=str(Path(spec).resolve()))
 
 
 @main.command()
@@ -49,12 +52,26 @@ def render(spec, profile_path, template_dir, sets, as_json):
 @click.option("--dry-run", is_flag=True, help="Print the script and sbatch command; submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow the job to its end; exit 1 if it failed.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
+@click.option("--hold", is_flag=True,
+              help="Submit the job held: it starts after `scontrol release JOBID`.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, as_json):
-    """Submit SPEC to Slurm with sbatch and print the job id."""
+def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold, as_json):
+    """Submit SPEC to Slurm with sbatch and print the job id.
+
+    Every submit is recorded in .hpcsuite/runs.jsonl in this directory (`hpcsuite runs`); the
+    run directory keeps the rendered script, the resolved job and site profile. With --wait,
+    follow the job (on a terminal one line of state, step, throughput and loss, rewritten in
+    place) and exit with its outcome: 0 completed, 1 failed, 3 stopped early after a
+    checkpoint (submit again to resume)."""
+    import dataclasses
+
     from ..plan import submit as do_submit
 
+    if hold and wait:
+        raise click.UsageError("--hold and --wait: a held job would be waited for forever")
     request = _plan(spec, profile_path, template_dir, sets)
+    if hold:
+        request = dataclasses.replace(request, sbatch_argv=[*request.sbatch_argv, "--hold"])
     if dry_run:
         if as_json:
             emit_json(request.to_json())
@@ -74,17 +91,66 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, as_js
     _wait_and_report(done.job_id, done.run_dir, timeout, as_json)
 
 
+def progress_line(state, progress: dict | None) -> str:
+    """One line: state, elapsed, and the job's latest step, epoch, throughput and loss."""
+    parts = [state.state]
+    if state.elapsed:
+        parts.append(state.elapsed)
+    if state.reason and state.reason not in ("None", "") and not state.finished \
+            and state.state != "RUNNING":
+        parts.append(f"({state.reason})")
+    if progress:
+        step, total = progress.get("step"), progress.get("max_steps")
+        parts.append(f"step {step}" + (f"/{total}" if total else ""))
+        if progress.get("epoch") is not None:
+            parts.append(f"epoch {progress['epoch']}")
+        if progress.get("samples_per_s"):
+            parts.append(f"{progress['samples_per_s']:.0f} samples/s")
+        if progress.get("loss") is not None:
+            parts.append(f"loss {progress['loss']:.4f}")
+        if progress.get("attempt"):
+            parts.append(f"attempt {progress['attempt']}")
+    return " ".join(str(p) for p in parts)
+
+
 def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: bool) -> None:
     from .. import jobs
-    from ..results import RESULTS, Results, summarize
+    from ..results import RESULTS, Results, read_progress, summarize
 
     t0 = time.monotonic()
+    stream = click.get_text_stream("stderr")
+    live = not as_json and stream.isatty()
+    shown = {"line": None, "at": float("-inf"), "state": None}
 
-    def changed(state):
+    def show(state) -> None:
+        line = progress_line(state, read_progress(run_dir))
+        if line == shown["line"]:
+            return
+        if live:            # one line, rewritten in place
+            click.echo("\r\033[K" + f"job {job_id}: {line}"[:stream_width()], nl=False, err=True)
+        elif state.state != shown["state"] or time.monotonic() - shown["at"] >= 30:
+            click.echo(f"[{time.monotonic() - t0:6.1f}s] job {job_id}: {line}", err=True)
+            shown["at"] = time.monotonic()
+        else:
+            return
+        shown.update(line=line, state=state.state)
+
+    current = {"state": None}
+
+    def changed(state) -> None:
+        current["state"] = state
         if not as_json:
-            click.echo(f"[{time.monotonic() - t0:6.1f}s] job {job_id}: {state.state}", err=True)
+            show(state)
 
-    state = jobs.wait(job_id, timeout=timeout, on_change=changed)
+    def tick() -> None:
+        if not as_json and current["state"] is not None:
+            show(current["state"])
+
+    try:
+        state = jobs.wait(job_id, timeout=timeout, on_change=changed, run_dir=run_dir, on_tick=tick)
+    finally:
+        if live and shown["line"] is not None:
+            click.echo("", err=True)
     path = Path(run_dir) / RESULTS
     results = Results.load(path) if path.is_file() else None
     if as_json:
@@ -104,46 +170,225 @@ def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: 
                            "submit the same spec again to resume")
 
 
+def stream_width() -> int:
+    import shutil
+
+    return max(20, shutil.get_terminal_size((100, 20)).columns - 1)
+
+
+def _find_run(run: str) -> tuple[str, dict | None]:
+    """(job id, registry entry or None) for RUN: a job id, a run directory, or a job name
+    (its latest run) from this directory's run registry."""
+    from .. import registry
+    from ..errors import show
+
+    entry = registry.find(Path.cwd(), run)
+    if entry is not None:
+        return entry["job_id"], entry
+    if run.isascii() and run.isdigit():
+        return run, None
+    submitted = Path(run) / "submit.json"
+    if submitted.is_file():
+        try:
+            data = json.loads(submitted.read_text())
+            job_id = str(data["job_id"])
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"{submitted}: not a submit record (damaged?)") from None
+        return job_id, {"job_id": job_id, "run_dir": str(Path(run).resolve())}
+    raise UserError(f"no run {show(run)} in {registry.path_in(Path.cwd())}: give a job id, a run "
+                    "directory, or the name of a job submitted from here (`hpcsuite runs` lists them)")
+
+
+def _run_dir_of(state, entry: dict | None) -> Path | None:
+    if entry and entry.get("run_dir"):
+        return Path(entry["run_dir"])
+    return None
+
+
 @main.command()
-@click.argument("job_id")
+@click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(job_id, as_json):
-    """Show the state of job JOB_ID."""
-    from .. import jobs
+def status(run, as_json):
+    """Show the state of RUN: a job id, a run directory, or a job name (its latest run).
 
+    State, elapsed time, requeues and the attempt, and from the run directory the latest step,
+    epoch, throughput and loss (while it runs) or the results (when it has finished)."""
+    from .. import jobs
+    from ..results import RESULTS, Results, read_progress
+
+    job_id, entry = _find_run(run)
     state = jobs.query(job_id)
+    run_dir = _run_dir_of(state, entry)
+    progress = read_progress(run_dir) if run_dir else None
+    results = None
+    if run_dir and (run_dir / RESULTS).is_file():
+        results = Results.load(run_dir / RESULTS)
     if as_json:
-        emit_json(state.to_json())
-    else:
-        extra = f" ({state.reason})" if state.reason and state.reason != "None" else ""
-        click.echo(f"{state.job_id} {state.state}{extra} exit={state.exit_code or '-'}")
+        payload = {**state.to_json(), "run_dir": str(run_dir) if run_dir else None,
+                   "progress": progress, "name": (entry or {}).get("name")}
+        if results is not None:
+            payload["results"] = {"status": results.status, "final_step": results.final_step,
+                                  "samples_per_s": results.samples_per_s,
+                                  "attempt": results.attempt}
+        emit_json(payload)
+        return
+    name = f" ({entry['name']})" if entry and entry.get("name") else ""
+    click.echo(f"job {state.job_id}{name}: {progress_line(state, progress)}")
+    details = [f"exit {state.exit_code}" if state.exit_code else None,
+               f"requeued {state.restarts} time(s)" if state.restarts else None]
+    if any(details):
+        click.echo("  " + ", ".join(d for d in details if d))
+    if results is not None:
+        click.echo(f"  results: {results.status} at step {results.final_step}, "
+                   f"{results.samples_per_s:.1f} samples/s, attempt {results.attempt}")
+    if run_dir:
+        click.echo(f"  run directory: {run_dir}")
 
 
 @main.command()
-@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-n", "--last", type=int, default=20, show_default=True,
+              help="Only the last N runs (0: all).")
+def runs(as_json, last):
+    """List the runs submitted from this directory, newest last, with their state.
+
+    The registry is .hpcsuite/runs.jsonl here; states come from one Slurm query for all the
+    runs (and Slurm's job completion records for the ones it has forgotten)."""
+    from .. import jobs, registry
+    from ..results import read_progress
+
+    entries = registry.load(Path.cwd())
+    if last:
+        entries = entries[-last:]
+    states = jobs.query_many([e["job_id"] for e in entries]) if entries else {}
+    rows = []
+    for e in entries:
+        state = states.get(e["job_id"])
+        progress = read_progress(e["run_dir"])
+        rows.append({"job_id": e["job_id"], "name": e.get("name"),
+                     "state": state.state if state else "UNKNOWN",
+                     "elapsed": state.elapsed if state else None,
+                     "step": (progress or {}).get("step"), "submitted_at": e.get("submitted_at"),
+                     "run_dir": e["run_dir"], "spec": e.get("spec"), "git": e.get("git")})
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        click.echo(f"no runs submitted from {Path.cwd()}")
+        return
+    click.echo(f"{'JOB':>8}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'STEP':>7}  {'SUBMITTED':<19}  RUN DIR")
+    for r in rows:
+        click.echo(f"{r['job_id']:>8}  {(r['name'] or '')[:20]:<20} {r['state']:<11} "
+                   f"{r['elapsed'] or '-':>10} {r['step'] if r['step'] is not None else '-':>7}  "
+                   f"{r['submitted_at'] or '':<19}  {r['run_dir']}")
+
+
+@main.command()
+@click.argument("run")
 @click.option("-n", "--lines", type=int, default=None, help="Only the last N lines.")
-def logs(job_id, lines):
-    """Print the Slurm output file of job JOB_ID."""
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("--rank", type=int, default=None,
+              help="Only rank N's log records (run directory logs/rank-N.log) instead of the "
+                   "job's Slurm output file.")
+def logs(run, lines, follow, rank):
+    """Print the output of RUN (a job id, a run directory, or a job name)."""
     from .. import jobs
 
+    job_id, entry = _find_run(run)
     state = jobs.query(job_id)
-    path = jobs.log_path(state)
-    if path is None or not path.is_file():
+    run_dir = _run_dir_of(state, entry)
+    if rank is not None:
+        if run_dir is None:
+            raise UserError(f"job {job_id}: no run directory known for --rank (not submitted from "
+                            "here); give its run directory")
+        path = run_dir / "logs" / f"rank-{rank}.log"
+    else:
+        path = jobs.log_path(state)
+        if path is None and run_dir is not None:
+            path = run_dir.parent / f"slurm-{job_id}.out"
+    if not follow and (path is None or not path.is_file()):
         raise UserError(f"job {job_id} has no output file yet ({path or 'unknown path'})")
-    text = path.read_text(errors="replace")
-    if lines is not None:
-        text = "\n".join(text.splitlines()[-lines:]) + "\n"
-    click.echo(text, nl=False)
+    offset = 0
+    if path is not None and path.is_file():
+        text = path.read_text(errors="replace")
+        offset = len(text.encode())
+        if lines is not None:
+            text = "\n".join(text.splitlines()[-lines:]) + ("\n" if text else "")
+        click.echo(text, nl=False)
+    if follow:
+        _follow(job_id, path, offset, run_dir)
+
+
+def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -> None:
+    """Print what is appended to ``path`` until the job has ended and the file is drained."""
+    from .. import jobs
+
+    def drain() -> None:
+        nonlocal offset
+        if path is None or not path.is_file():
+            return
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        if chunk:
+            offset += len(chunk)
+            click.echo(chunk.decode(errors="replace"), nl=False)
+
+    try:
+        jobs.wait(job_id, run_dir=str(run_dir) if run_dir else None, on_tick=drain)
+    finally:
+        time.sleep(0.5)   # the last lines reach the file as the job step ends
+        drain()
 
 
 @main.command()
-@click.argument("job_id")
-def cancel(job_id):
-    """Cancel job JOB_ID."""
+@click.argument("run")
+def cancel(run):
+    """Cancel RUN (a job id, a run directory, or a job name: its latest run)."""
     from .. import jobs
 
+    job_id, _ = _find_run(run)
     jobs.cancel(job_id)
     click.echo(f"cancelled {job_id}")
+
+
+@main.command()
+@click.argument("spec", required=False, type=FilePath(dir_okay=False))
+@profile_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--no-compute", is_flag=True,
+              help="Skip the compute-node probe (an srun that imports the frameworks there).")
+def doctor(spec, profile_path, as_json, no_compute):
+    """Check the cluster against the site profile before a job finds out.
+
+    \b
+    slurm       the controller answers; the profile's partitions exist and are up
+    pmi         srun --mpi=list has the profile's mpi.srun_mpi
+    mpi         mpirun is OpenMPI (its version)
+    horovod     horovodrun --check-build: frameworks, MPI controller, NCCL where the
+                profile has GPU partitions
+    infiniband  devices, against the profile's pml
+    network     interfaces named by NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES
+                or the profile's btl/oob_tcp_if_include exist
+    gpus        NVIDIA GPUs (NVML, else nvidia-smi)
+    compute     one srun on a compute node: Python, numpy, torch, TensorFlow, Horovod
+
+    With SPEC, its launcher, partition and env are checked too. Exit 0 when nothing
+    failed (warnings allowed), 1 when a check failed, 2 on bad input."""
+    from ..config import resolve
+    from ..doctor import FAIL, report, run_checks
+
+    r = resolve(spec, profile_path)
+    job = r.job if spec else None
+    checks = run_checks(r.profile, launcher=job.launcher if job else None,
+                        partition=job.resources.partition if job else None,
+                        env=dict(job.env) if job else None, compute=not no_compute)
+    if as_json:
+        emit_json([c.to_json() for c in checks])
+    else:
+        click.echo(report(checks))
+    if any(c.status == FAIL for c in checks):
+        raise click.exceptions.Exit(1)
 
 
 @main.command()

@@ -21,7 +21,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from ..errors import UserError
-from ..results import Results, step_stats
+from ..results import Results, step_stats, write_progress
 from ..spec import JobSpec
 from .checkpoint import CheckpointStore, Loaded
 from .data import open_train_eval
@@ -43,6 +43,7 @@ VOTE_SECONDS = 0.25
 MAX_POLL_STEPS = 1000
 PREEMPTED_MARKER = "PREEMPTED"
 LOG_SECONDS = 30
+PROGRESS_SECONDS = 2.0     # rank 0 rewrites progress.json at most this often (at a vote)
 
 
 class Backend(Protocol):
@@ -206,6 +207,7 @@ class Trainer:
         self.ledger = None
         self.lr: float | None = None
         self.saved_step: int | None = None   # the step of the latest checkpoint save
+        self.progress_at = float("-inf")
 
     # ---------------------------------------------------------------- resume
     def restore(self) -> Progress:
@@ -370,6 +372,8 @@ class Trainer:
                                            int(policy.time_to_save(time.monotonic())),
                                            -policy.propose_interval(self.metrics.step_times)])
             policy.polled(p.step, agreed)
+            if self.b.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS:
+                self.write_progress(p, step_real)
         if policy.save_due(p.step, save):
             self.save(p, "preempted" if stop else "interval")
             policy.saved(time.monotonic())
@@ -380,6 +384,17 @@ class Trainer:
         if stop and self.b.rank == 0:
             log.info("stopping at step %d after signal %s", p.step, self.flag.signal)
         return stop
+
+    def write_progress(self, p: Progress, step_real: int) -> None:
+        m = self.metrics
+        self.progress_at = time.monotonic()
+        recent, real = m.step_times[-50:], m.real[-50:]
+        write_progress(self.run_dir, {
+            "step": p.step, "epoch": p.cursor.epoch, "epochs": self.t.epochs,
+            "max_steps": self.t.max_steps, "loss": m.loss_sums[-1] / step_real if m.loss_sums else None,
+            "samples_per_s": sum(real) / sum(recent) if sum(recent) > 0 else None,
+            "lr": self.lr, "attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            "time": time.time()})
 
     # ---------------------------------------------------------------- validation
     def evaluate(self, held, p: Progress) -> dict:

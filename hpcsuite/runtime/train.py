@@ -59,8 +59,10 @@ def main(job_path: str) -> None:
     FLAG.install([job.train.preemption.signal, "TERM"])
     run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
     rank = rank_from_env()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s: %(message)s",
+    log_format = f"%(asctime)s rank {rank} %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
+    rank_log(run_dir, rank, log_format)
     try:
         if job.train.script:
             from .script import run_script
@@ -76,6 +78,25 @@ def main(job_path: str) -> None:
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
         fail(run_dir, rank, user_traceback(e), code=1)
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
+
+
+RANK_LOGS = "logs"
+_RANK_LOG: list = [None]   # this rank's log file handler, once open
+
+
+def rank_log(run_dir: Path, rank: int, log_format: str) -> None:
+    """This rank's log records also go to ``logs/rank-N.log`` in the run directory (`hpcsuite
+    logs RUN --rank N`); every attempt of a requeued job appends to it."""
+    try:
+        (run_dir / RANK_LOGS).mkdir(exist_ok=True)
+        handler = logging.FileHandler(run_dir / RANK_LOGS / f"rank-{rank}.log")
+    except OSError as e:
+        log.warning("no rank log in %s: %s", run_dir / RANK_LOGS, e.strerror)
+        return
+    handler.setFormatter(logging.Formatter(log_format))
+    logging.getLogger().addHandler(handler)
+    _RANK_LOG[0] = handler
+    log.info("attempt %s on %s", os.environ.get("SLURM_RESTART_COUNT", "0"), hostname())
 
 
 def run_managed(job: JobSpec, run_dir: Path) -> None:
@@ -147,6 +168,9 @@ def fail(run_dir: Path, rank: int, text: str, code: int) -> None:
         first = False
     except OSError:
         pass
+    if _RANK_LOG[0] is not None:     # the rank's own log (not its stderr: printed once below)
+        _RANK_LOG[0].handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s:\n%s",
+                                              (head, text), None))
     if first:
         print(f"{head}:\n{text}", file=sys.stderr, flush=True)
     else:

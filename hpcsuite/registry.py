@@ -1,0 +1,106 @@
+"""The run registry: one line per submit, in the directory jobs were submitted from.
+
+``.hpcsuite/runs.jsonl`` beside the specs a user submits, so ``hpcsuite runs`` finds them
+again days later, after Slurm has forgotten the jobs. Each submit appends one JSON line under
+an exclusive lock (``flock``): many submits at once never interleave or lose a line. What the
+line points at (the rendered script, the resolved job and profile) lives in the run directory;
+the line itself stays small.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from .errors import UserError
+
+DIRNAME = ".hpcsuite"
+FILENAME = "runs.jsonl"
+
+
+def path_in(workdir: str | Path) -> Path:
+    return Path(workdir) / DIRNAME / FILENAME
+
+
+def git_state(directory: str | Path) -> dict | None:
+    """The commit and whether the tree has changes, when ``directory`` is in a git repository."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=directory, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def record(workdir: str | Path, entry: dict) -> None:
+    """Append ``entry`` (with the time) to the registry of ``workdir``."""
+    path = path_in(workdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"submitted_at": dt.datetime.now().isoformat(timespec="seconds"), **entry},
+                      sort_keys=True, ensure_ascii=True) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = line.encode()
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)   # closing releases the lock
+
+
+def load(workdir: str | Path) -> list[dict]:
+    """Every run recorded in ``workdir``, oldest first ([] when nothing was submitted here)."""
+    path = path_in(workdir)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the run registry ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    finally:
+        os.close(fd)
+    runs = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("job_id"), str) \
+                or not isinstance(entry.get("run_dir"), str):
+            raise UserError(f"{path}:{number}: not a run record (the file is damaged); remove "
+                            "that line to go on")
+        runs.append(entry)
+    return runs
+
+
+def find(workdir: str | Path, run: str) -> dict | None:
+    """The run ``run`` names: a job id, a run directory, or a job name (its latest run)."""
+    runs = load(workdir)
+    for entry in reversed(runs):
+        if run in (entry["job_id"], entry["run_dir"]):
+            return entry
+    target = Path(run)
+    if target.exists():
+        resolved = str(target.resolve())
+        for entry in reversed(runs):
+            if str(Path(entry["run_dir"]).resolve()) == resolved:
+                return entry
+    for entry in reversed(runs):
+        if entry.get("name") == run:
+            return entry
+    return None

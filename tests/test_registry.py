@@ -1,0 +1,112 @@
+"""The run registry, batched job queries and spaced-out waiting (Slurm faked at slurm.call)."""
+
+import json
+import multiprocessing
+
+import pytest
+
+from hpcsuite import jobs, registry, slurm
+from hpcsuite.errors import UserError
+
+
+def _append(args):
+    workdir, i = args
+    registry.record(workdir, {"job_id": str(1000 + i), "name": f"job{i % 3}",
+                              "run_dir": f"{workdir}/runs/job/{1000 + i}", "pad": "x" * 9000})
+
+
+def test_fifty_concurrent_submits_leave_fifty_whole_records(tmp_path):
+    # Records longer than a pipe buffer: only the lock keeps them whole.
+    with multiprocessing.get_context("fork").Pool(10) as pool:
+        pool.map(_append, [(str(tmp_path), i) for i in range(50)])
+    runs = registry.load(tmp_path)
+    assert sorted(int(r["job_id"]) for r in runs) == list(range(1000, 1050))
+    assert all(len(r["pad"]) == 9000 and r["submitted_at"] for r in runs)
+
+
+def test_find_by_job_id_name_and_run_dir(tmp_path):
+    for i in range(3):
+        run_dir = tmp_path / "runs" / "a" / str(10 + i)
+        run_dir.mkdir(parents=True)
+        registry.record(tmp_path, {"job_id": str(10 + i), "name": "a", "run_dir": str(run_dir)})
+    assert registry.find(tmp_path, "11")["job_id"] == "11"
+    assert registry.find(tmp_path, "a")["job_id"] == "12"          # a name: its latest run
+    assert registry.find(tmp_path, str(tmp_path / "runs/a/10/"))["job_id"] == "10"
+    assert registry.find(tmp_path, "b") is None
+    assert registry.load(tmp_path / "elsewhere") == []
+
+
+def test_damaged_registry_names_file_and_line(tmp_path):
+    registry.record(tmp_path, {"job_id": "1", "name": "a", "run_dir": "/r/1"})
+    with open(registry.path_in(tmp_path), "a") as f:
+        f.write('{"job_id": "2", "na\n')
+    with pytest.raises(UserError, match=r"runs.jsonl:2: not a run record"):
+        registry.load(tmp_path)
+
+
+def test_query_many_is_one_squeue_call_with_jobcomp_for_the_forgotten(monkeypatch, tmp_path):
+    comp = tmp_path / "jobcomp.txt"
+    comp.write_text("JobId=7 UserId=root(0) JobState=COMPLETED StartTime=2026-11-23T10:00:00 "
+                    "EndTime=2026-11-23T11:02:03 WorkDir=/w ExitCode=0:0\n")
+    calls = []
+
+    def fake(argv, **kw):
+        calls.append(argv)
+        if argv[0] == "squeue":
+            return slurm.Completed(argv, 0, "8|RUNNING|1:02|None\n9|PENDING|0:00|Priority\n", "")
+        return slurm.Completed(argv, 0, f"JobCompLoc = {comp}\n", "")
+
+    monkeypatch.setattr(slurm, "call", fake)
+    states = jobs.query_many(["7", "8", "9", "10"])
+    assert [c[0] for c in calls].count("squeue") == 1
+    assert "-j" in calls[0] and "7,8,9,10" in calls[0]
+    assert states["8"].state == "RUNNING" and states["8"].elapsed == "1:02"
+    assert states["9"].reason == "Priority"
+    assert states["7"].state == "COMPLETED" and states["7"].elapsed == "01:02:03"
+    assert "10" not in states
+
+
+def test_wait_asks_slurm_rarely_and_at_once_when_results_appear(monkeypatch, tmp_path):
+    """Slurm polls back off (1 s, 1.5 s, ... up to 15 s); the run directory is looked at every
+    second and a results file appearing brings the next Slurm poll forward."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    asked = []
+
+    def query(job_id):
+        asked.append(clock["t"])
+        if clock["t"] >= 62:
+            (tmp_path / "results.json").write_text("{}")
+        done = (tmp_path / "results.json").exists() and len(asked) > 1 and asked[-2] >= 62
+        return jobs.JobState(job_id, "COMPLETED" if done else "RUNNING", "", None, None, None)
+
+    monkeypatch.setattr(jobs, "query", query)
+    ticks = []
+    state = jobs.wait("5", run_dir=str(tmp_path), on_tick=lambda: ticks.append(clock["t"]))
+    assert state.state == "COMPLETED"
+    assert len(asked) < 15 and len(ticks) > 60          # ~1 s ticks, far fewer Slurm calls
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert max(gaps) <= 15.0 + 1e-9 and gaps[0] == pytest.approx(1.0)
+
+
+def test_progress_line():
+    from hpcsuite.cli.commands import progress_line
+
+    state = jobs.JobState("5", "RUNNING", "", None, None, "None", "0:42")
+    line = progress_line(state, {"step": 120, "max_steps": 400, "epoch": 1,
+                                 "samples_per_s": 3456.7, "loss": 0.43219, "attempt": 1})
+    assert line == "RUNNING 0:42 step 120/400 epoch 1 3457 samples/s loss 0.4322 attempt 1"
+    pending = jobs.JobState("5", "PENDING", "", None, None, "Resources", "0:00")
+    assert progress_line(pending, None) == "PENDING 0:00 (Resources)"
+
+
+def test_progress_file_round_trip(tmp_path):
+    from hpcsuite.results import read_progress, write_progress
+
+    assert read_progress(tmp_path) is None
+    write_progress(tmp_path, {"step": 3})
+    assert read_progress(tmp_path) == {"step": 3}
+    (tmp_path / "progress.json").write_text('{"step": ')      # caught mid-write: no progress
+    assert read_progress(tmp_path) is None
+    assert json.loads(json.dumps(read_progress(tmp_path))) is None
