@@ -54,7 +54,7 @@ def test_follow_a_job_by_name_then_its_status_and_rank_logs(local_cluster, tmp_p
     cluster, env = local_cluster
     (tmp_path / "follow.yaml").write_text(
         "name: follow\nresources: {nodes: 2, time: '00:05:00'}\n"
-        "train: {data: {samples: 4096, shape: [32]}, batch_size: 32, max_steps: 1500}\n")
+        "train: {data: {samples: 4096, shape: [32]}, batch_size: 32, epochs: 1000, max_steps: 1500}\n")
     job_id = run_cli("submit", "follow.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
     followed = run_cli("logs", "follow", "-f", cwd=tmp_path, env=env, timeout=600)
     assert followed.returncode == 0, followed.stderr
@@ -79,7 +79,7 @@ def test_submit_wait_shows_progress_and_exits_with_the_outcome(local_cluster, tm
     cluster, env = local_cluster
     (tmp_path / "w.yaml").write_text(
         "name: w\nresources: {nodes: 1, time: '00:05:00'}\n"
-        "train: {data: {samples: 4096, shape: [32]}, batch_size: 32, max_steps: 3000}\n")
+        "train: {data: {samples: 4096, shape: [32]}, batch_size: 32, epochs: 1000, max_steps: 3000}\n")
     proc = run_cli("submit", "w.yaml", "--wait", cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     states = [line for line in proc.stderr.splitlines() if "] job " in line]

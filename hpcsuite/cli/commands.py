@@ -378,7 +378,8 @@ def doctor(spec, profile_path, as_json, no_compute):
     from ..config import resolve
     from ..doctor import FAIL, report, run_checks
 
-    r = resolve(spec, profile_path)
+    # Without a spec only the profile matters; the job layer needs a name to resolve.
+    r = resolve(spec, profile_path, () if spec else ("name=doctor",))
     job = r.job if spec else None
     checks = run_checks(r.profile, launcher=job.launcher if job else None,
                         partition=job.resources.partition if job else None,
