@@ -87,7 +87,11 @@ py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[
 # Horovod's GPU allreduce goes through NCCL; HOROVOD_GPU_OPERATIONS=none forces a CPU build.
 gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
 if [[ -z $gpu_ops ]]; then
-  if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then gpu_ops=NCCL; else gpu_ops=none; fi
+  gpu_ops=none
+  if { command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; } &&
+     "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+    gpu_ops=NCCL
+  fi
 fi
 key="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_tf-${TF_VERSION}_${py_tag}_openmpi-${mpi_version}"
 gpu_env=()
