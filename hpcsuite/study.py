@@ -244,8 +244,10 @@ def write_manifest(study_dir: Path, external: dict[str, str]) -> None:
     lines = []
     for path in sorted(study_dir.rglob("*")):
         rel = path.relative_to(study_dir)
+        # Hidden files and directories are bookkeeping, not inputs (the run registry that
+        # submitting from inputs/ leaves in inputs/.hpcsuite/, editors' swap files).
         if not path.is_file() or rel.parts[0] in ("runs", "report") or rel.name in (
-                MANIFEST, STATE_FILE, "allreduce.yaml") or rel.name.startswith("."):
+                MANIFEST, STATE_FILE, "allreduce.yaml") or any(p.startswith(".") for p in rel.parts):
             continue
         lines.append(f"{_sha256(path)}  {rel}")
     lines += [f"{digest}  {path}" for path, digest in sorted(external.items())]
@@ -653,7 +655,9 @@ def rerun(bundle: Path, directory: Path | None) -> StudyDir:
     try:
         for name in (STUDY_FILE, BUNDLE_FILE, POINTS_FILE):
             shutil.copy2(bundle / name, tmp / name)
-        shutil.copytree(bundle / "inputs", tmp / "inputs", symlinks=True)
+        # Not the run registry of the first run's submissions (inputs/.hpcsuite/).
+        shutil.copytree(bundle / "inputs", tmp / "inputs", symlinks=True,
+                        ignore=shutil.ignore_patterns(".hpcsuite"))
         shutil.copytree(bundle / "points", tmp / "points", symlinks=True)
         (tmp / ENVIRONMENT).write_text(json.dumps(environment(), indent=2) + "\n")
         meta = json.loads((tmp / BUNDLE_FILE).read_text())

@@ -151,3 +151,12 @@ def test_study_help_explains():
         assert run_cli("study", command, "--help").returncode == 0
     proc = run_cli("study", "report", "/nonexistent")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_manifest_leaves_out_hidden_bookkeeping(tmp_path):
+    """Submitting from inputs/ leaves the run registry in inputs/.hpcsuite/: not an input."""
+    (tmp_path / "inputs" / ".hpcsuite").mkdir(parents=True)
+    (tmp_path / "inputs" / ".hpcsuite" / "runs.jsonl").write_text("{}\n")
+    (tmp_path / "inputs" / "job.yaml").write_text("name: x\n")
+    st.write_manifest(tmp_path, {})
+    assert list(st.read_manifest(tmp_path)) == ["inputs/job.yaml"]
