@@ -185,8 +185,10 @@ def _find_run(run: str) -> tuple[str, dict | None]:
     entry = registry.find(Path.cwd(), run)
     if entry is not None:
         return entry["job_id"], entry
-    if run.isascii() and run.isdigit():
-        return run, None
+    if run[:1].isdigit() and not Path(run).is_dir():
+        from ..jobs import _check_id
+
+        return _check_id(run), None      # a job id, or one error saying it is not one
     submitted = Path(run) / "submit.json"
     if submitted.is_file():
         try:
