@@ -94,6 +94,9 @@ class Results:
     lr: list[float] = field(default_factory=list)           # learning rate of each step
     eval: list[dict] = field(default_factory=list)          # epoch, step, loss, accuracy, samples
     param_checksums: list[str] = field(default_factory=list)
+    # train.monitor: per rank, samples of {t, step, cpu_percent, rss_bytes[, gpu_percent,
+    # gpu_memory_bytes]} over the run (t: seconds since training began)
+    utilisation: list[list[dict]] = field(default_factory=list)
     gradient_tensors: int = 0                               # tensors one step allreduces
     gradient_bytes: int = 0                                 # their size in float32
     spec_digest: str | None = None

@@ -166,6 +166,19 @@ class Checkpoint(Record):
 
 
 @record
+class Monitor(Record):
+    enabled: bool = field(default=False, metadata=_m(
+        "sample every rank's utilisation and memory while training (GPU through NVML when the "
+        "rank has one, CPU through psutil otherwise) into results.json"))
+    interval_seconds: float = field(default=1.0, metadata=_m("seconds between samples",
+                                                             min=0.05, max=3600.0))
+    prometheus_dir: Optional[str] = field(default=None, metadata=_m(
+        "a directory (e.g. node_exporter's textfile collector's) where each rank rewrites "
+        "hpcsuite-JOBID-rank-N.prom every sample; relative to the submit directory",
+        pattern=PATH, pattern_help=PATH_HELP, nonempty=True))
+
+
+@record
 class Preemption(Record):
     signal: Literal["USR1", "USR2", "TERM"] = "USR1"
     lead_seconds: int = field(default=0, metadata=_m(
@@ -261,6 +274,7 @@ class Train(Record):
     preemption: Preemption = field(default_factory=Preemption)
     ledger: bool = field(default=False, metadata=_m(
         "record every sample id each rank trains on (ledger/ in the run directory)"))
+    monitor: Monitor = field(default_factory=Monitor)
     seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
 
 

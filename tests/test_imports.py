@@ -84,7 +84,7 @@ def test_every_module_the_runtime_imports_is_in_the_train_extra():
     train = {re.split(r"[<>=\[ ]", req)[0].replace("-", "_").lower() for req in extras["train"]}
     base = {re.split(r"[<>=\[ ]", req)[0].replace("-", "_").lower() for req in
             tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]}
-    aliases = {"yaml": "pyyaml"}
+    aliases = {"yaml": "pyyaml", "pynvml": "nvidia_ml_py"}
     used = _third_party_imports((root / "hpcsuite" / "runtime").glob("*.py"))
     used |= _third_party_imports([root / "hpcsuite" / "api.py"])
     missing = {m for m in used - SETUP_INSTALLED if aliases.get(m, m) not in train | base}

@@ -345,6 +345,23 @@ def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -
 
 @main.command()
 @click.argument("run")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Directory for the PNGs (default: the run directory).")
+def report(run, out):
+    """Draw PNG plots of RUN (a job id, a run directory, or a job name) from its results:
+    loss.png, throughput.png, and with train.monitor utilisation.png."""
+    from ..run_report import plot
+
+    job_id, entry = _find_run(run)
+    if entry is None:
+        raise UserError(f"job {job_id}: no run directory known (not submitted from here); give "
+                        "its run directory")
+    for path in plot(Path(entry["run_dir"]), Path(out) if out else None):
+        click.echo(str(path))
+
+
+@main.command()
+@click.argument("run")
 def cancel(run):
     """Cancel RUN (a job id, a run directory, or a job name: its latest run)."""
     from .. import jobs

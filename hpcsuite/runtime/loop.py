@@ -208,6 +208,8 @@ class Trainer:
         self.lr: float | None = None
         self.saved_step: int | None = None   # the step of the latest checkpoint save
         self.progress_at = float("-inf")
+        self.sampler = None
+        self.utilisation: list[dict] = []
 
     # ---------------------------------------------------------------- resume
     def restore(self) -> Progress:
@@ -274,6 +276,7 @@ class Trainer:
                      sharder.steps_per_epoch(), p.step, p.cursor.epoch, p.cursor.consumed)
         self.poll = None
         stop = None
+        self.sampler = self.start_sampler(p)
         t_start = time.perf_counter()
         while p.cursor.epoch < self.t.epochs and stop is None and not policy.done(p.step):
             stop = self.train_epoch(data, sharder, p, policy)
@@ -282,6 +285,7 @@ class Trainer:
                 if held is not None and policy.eval_due(p.cursor.epoch):
                     self.evaluate(held, p)
         elapsed = time.perf_counter() - t_start
+        self.utilisation = self.sampler.stop() if self.sampler is not None else []
         if self.poll is not None:
             self.b.poll_result(self.poll)          # every rank posted it; every rank collects it
         self.settle_losses()
@@ -294,6 +298,16 @@ class Trainer:
         if self.ledger:
             self.ledger.close()
         return self.report(p, elapsed, stop, len(data))
+
+    def start_sampler(self, p: Progress):
+        mon = self.t.monitor
+        if not mon.enabled:
+            return None
+        from .monitor import Sampler
+        from .train import hostname
+
+        return Sampler(mon.interval_seconds, self.b.rank, getattr(self.b, "device", "cpu"),
+                       mon.prometheus_dir, self.job.name, hostname()).start(p)
 
     def train_epoch(self, data, sharder: Sharder, p: Progress, policy: Policy) -> str | None:
         """Train from ``p.cursor`` to the end of its epoch; the stop reason, if stopped.
@@ -426,7 +440,7 @@ class Trainer:
         checksum = self.b.checksum()
         gathered = self.b.allgather_object({
             "loss_sums": m.loss_sums, "checksum": checksum, "host": hostname(),
-            "samples": m.samples, "elapsed": elapsed})
+            "samples": m.samples, "elapsed": elapsed, "utilisation": self.utilisation})
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
                     "data_time_s": m.data_times, "param_checksum": checksum}
@@ -453,6 +467,7 @@ class Trainer:
             data_wait_fraction=sum(m.data_times) / max(sum(m.step_times), 1e-12),
             checkpoints=m.checkpoints, checkpoint_time_s=sum(c["seconds"] for c in m.checkpoints),
             loss=loss, lr=m.lr, eval=m.evals, param_checksums=[g["checksum"] for g in gathered],
+            utilisation=[g["utilisation"] for g in gathered] if self.sampler is not None else [],
             spec_digest=self.job.digest(), versions=self.b.versions(),
             gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes))
         return per_rank, results

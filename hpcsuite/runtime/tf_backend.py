@@ -79,6 +79,7 @@ class TensorFlowBackend(HorovodBackend):
         super().__init__(job, hvd)
         tf = self.tf
         gpus = tf.config.list_physical_devices("GPU")
+        self.device = f"cuda:{self.local_rank % len(gpus)}" if gpus else "cpu"
         if gpus:                                     # one GPU per rank, by local rank
             gpu = gpus[self.local_rank % len(gpus)]
             tf.config.set_visible_devices(gpu, "GPU")

@@ -1,0 +1,127 @@
+"""Per-rank utilisation sampling while training (``train.monitor``).
+
+A daemon thread wakes every ``interval_seconds`` and records the rank's CPU use (psutil: this
+process, all its threads, in percent of one core) and resident memory, and with a GPU its
+utilisation and memory (NVML, through nvidia-ml-py). The series goes into results.json; with
+``prometheus_dir`` each rank also rewrites a node_exporter textfile (written by
+prometheus_client, atomically) so a site's Prometheus scrapes the job while it runs.
+The thread only reads counters: its cost is a few syscalls a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class Sampler:
+    def __init__(self, interval: float, rank: int, device: str = "cpu",
+                 prometheus_dir: str | None = None, job: str = "", host: str = ""):
+        try:
+            import psutil
+        except ImportError:
+            raise UserError("train.monitor: needs psutil on the compute nodes (pip install "
+                            "'hpcsuite[train]')") from None
+        self.interval, self.rank, self.job, self.host = interval, rank, job, host
+        self.proc = psutil.Process()
+        self.proc.cpu_percent(None)          # the first call only starts the measurement
+        self.samples: list[dict] = []
+        self.progress = None                 # the loop's Progress: its step is read, not set
+        self.gpu = self._nvml(device)
+        self.prom_path = None
+        if prometheus_dir:
+            directory = Path(prometheus_dir)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"train.monitor.prometheus_dir: cannot create {directory} "
+                                f"({e.strerror})") from None
+            job_id = os.environ.get("SLURM_JOB_ID", "local")
+            self.prom_path = directory / f"hpcsuite-{job_id}-rank-{rank}.prom"
+        self._t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpcsuite-monitor", daemon=True)
+
+    @staticmethod
+    def _nvml(device: str):
+        if not device.startswith("cuda"):
+            return None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = int(device.split(":")[1]) if ":" in device else 0
+            return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as e:   # noqa: BLE001 - no NVML: CPU figures only, said once
+            log.warning("train.monitor: no GPU figures (NVML: %s)", e)
+            return None
+
+    def start(self, progress=None) -> "Sampler":
+        self.progress = progress
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.samples.append(self.sample())   # the end of the run is always in the series
+        if self.gpu is not None:
+            try:
+                self.gpu[0].nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        return self.samples
+
+    def sample(self) -> dict:
+        mem = self.proc.memory_info()
+        s = {"t": round(time.monotonic() - self._t0, 3),
+             "step": getattr(self.progress, "step", 0),
+             "cpu_percent": self.proc.cpu_percent(None), "rss_bytes": mem.rss}
+        if self.gpu is not None:
+            nvml, handle = self.gpu
+            try:
+                s["gpu_percent"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                s["gpu_memory_bytes"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            except Exception:  # noqa: BLE001 - a GPU that stops answering: CPU figures go on
+                pass
+        return s
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            s = self.sample()
+            self.samples.append(s)
+            if self.prom_path is not None:
+                try:
+                    self.write_prometheus(s)
+                except OSError as e:
+                    log.warning("train.monitor: cannot write %s (%s); not trying again",
+                                self.prom_path, e.strerror)
+                    self.prom_path = None
+
+    def write_prometheus(self, s: dict) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+        registry = CollectorRegistry()
+        labels = {"job": self.job, "job_id": os.environ.get("SLURM_JOB_ID", ""),
+                  "rank": str(self.rank), "host": self.host}
+        names = list(labels)
+
+        def gauge(name: str, doc: str, value: float) -> None:
+            Gauge(name, doc, names, registry=registry).labels(**labels).set(value)
+
+        gauge("hpcsuite_step", "optimizer steps done by the job", s["step"])
+        gauge("hpcsuite_cpu_percent", "the rank's CPU use, percent of one core", s["cpu_percent"])
+        gauge("hpcsuite_rss_bytes", "the rank's resident memory", s["rss_bytes"])
+        if "gpu_percent" in s:
+            gauge("hpcsuite_gpu_utilization_percent", "the rank's GPU utilisation", s["gpu_percent"])
+            gauge("hpcsuite_gpu_memory_used_bytes", "the rank's GPU memory in use",
+                  s["gpu_memory_bytes"])
+        write_to_textfile(str(self.prom_path), registry)   # a temporary file, then a rename
