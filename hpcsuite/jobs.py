@@ -113,7 +113,7 @@ def _jobcomp_records(job_ids: set[str]) -> dict[str, dict[str, str]]:
         if key.strip() == "JobCompLoc":
             loc = value.strip()
     if not loc or not Path(loc).is_file():
-        return None
+        return {}
     found: dict[str, dict[str, str]] = {}
     for line in Path(loc).read_text(errors="replace").splitlines():
         if "JobId=" not in line:

@@ -110,3 +110,15 @@ def test_progress_file_round_trip(tmp_path):
     (tmp_path / "progress.json").write_text('{"step": ')      # caught mid-write: no progress
     assert read_progress(tmp_path) is None
     assert json.loads(json.dumps(read_progress(tmp_path))) is None
+
+
+def test_jobs_unknown_without_a_jobcomp_file_are_left_out(monkeypatch):
+    def fake(argv, **kw):
+        if argv[0] == "squeue":
+            return slurm.Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id")
+        return slurm.Completed(argv, 0, "JobCompLoc = (null)\n", "")
+
+    monkeypatch.setattr(slurm, "call", fake)
+    assert jobs.query_many(["3"]) == {}
+    with pytest.raises(UserError, match="job 3 is not known to Slurm"):
+        jobs.query("3")
