@@ -12,11 +12,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import slurm
+from .errors import UserError
 from .profile import SiteProfile
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -34,15 +34,12 @@ class Check:
 
 
 def _run(argv: list[str], timeout: float = 60, env: dict | None = None) -> tuple[int, str]:
-    """(exit code, stdout + stderr); 127 when the program is missing, 124 on a timeout."""
+    """(exit code, stdout + stderr) through slurm.call; a missing program or a timeout is a
+    check result (exit 127 / 124), not an error."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=env if env is not None else slurm.slurm_env(),
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        return 127, f"{argv[0]}: command not found"
-    except subprocess.TimeoutExpired:
-        return 124, f"{argv[0]} did not answer within {timeout:g}s"
+        done = slurm.call(argv, timeout=timeout, env=env, check=False)
+    except UserError as e:
+        return (127 if "not found" in str(e) else 124), str(e)
     return done.returncode, (done.stdout + done.stderr).strip()
 
 

@@ -26,18 +26,19 @@ def path_in(workdir: str | Path) -> Path:
     return Path(workdir) / DIRNAME / FILENAME
 
 
-def git_state(directory: str | Path) -> dict | None:
-    """The commit and whether the tree has changes, when ``directory`` is in a git repository."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode != 0:
+def git_state(directory: str | Path) -> dict:
+    """{"commit", "dirty"} of the git repository ``directory`` is in (both None outside one);
+    "dirty": that directory has changes not committed."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=directory, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--", ".")) if commit else None}
 
 
 def record(workdir: str | Path, entry: dict) -> None:
@@ -104,3 +105,25 @@ def find(workdir: str | Path, run: str) -> dict | None:
         if entry.get("name") == run:
             return entry
     return None
+
+
+def locate(workdir: str | Path, run: str) -> tuple[str, dict | None]:
+    """(job id, registry entry or None) for RUN as a user types it: a job id, a run directory,
+    or a job name (its latest run) from the registry of ``workdir``."""
+    from .errors import show
+    from .jobs import _check_id
+
+    entry = find(workdir, run)
+    if entry is not None:
+        return entry["job_id"], entry
+    if run[:1].isdigit() and not Path(run).is_dir():
+        return _check_id(run), None      # a job id, or one error saying it is not one
+    submitted = Path(run) / "submit.json"
+    if submitted.is_file():
+        try:
+            job_id = str(json.loads(submitted.read_text())["job_id"])
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"{submitted}: not a submit record (damaged?)") from None
+        return job_id, {"job_id": job_id, "run_dir": str(Path(run).resolve())}
+    raise UserError(f"no run {show(run)} in {path_in(workdir)}: give a job id, a run directory, "
+                    "or the name of a job submitted from here (`hpcsuite runs` lists them)")

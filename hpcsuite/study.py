@@ -40,6 +40,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from . import registry
 from .errors import ConfigError, UserError, show
 from .records import Record, record
 from .schema import build, read_yaml
@@ -314,19 +315,6 @@ def environment() -> dict:
     }
 
 
-def git_state(path: Path) -> dict:
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True,
-                                  timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--", ".")) if commit else None}
-
-
 # ---------------------------------------------------------------------- a study directory
 
 class StudyDir:
@@ -475,7 +463,7 @@ def create(study_path: str, directory: str | None, profile_path: str | None) -> 
         external = {p: _sha256(Path(p)) for p in external_inputs(base_job) if Path(p).is_file()}
         (tmp / BUNDLE_FILE).write_text(json.dumps({
             "study": study.name, "base": base_src.name, "source": str(src),
-            "external": external, "git": git_state(base_src.parent),
+            "external": external, "git": registry.git_state(base_src.parent),
             "made": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
         (tmp / ENVIRONMENT).write_text(json.dumps(environment(), indent=2) + "\n")
         write_manifest(tmp, external)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -177,34 +176,13 @@ def stream_width() -> int:
 
 
 def _find_run(run: str) -> tuple[str, dict | None]:
-    """(job id, registry entry or None) for RUN: a job id, a run directory, or a job name
-    (its latest run) from this directory's run registry."""
     from .. import registry
-    from ..errors import show
 
-    entry = registry.find(Path.cwd(), run)
-    if entry is not None:
-        return entry["job_id"], entry
-    if run[:1].isdigit() and not Path(run).is_dir():
-        from ..jobs import _check_id
-
-        return _check_id(run), None      # a job id, or one error saying it is not one
-    submitted = Path(run) / "submit.json"
-    if submitted.is_file():
-        try:
-            data = json.loads(submitted.read_text())
-            job_id = str(data["job_id"])
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"{submitted}: not a submit record (damaged?)") from None
-        return job_id, {"job_id": job_id, "run_dir": str(Path(run).resolve())}
-    raise UserError(f"no run {show(run)} in {registry.path_in(Path.cwd())}: give a job id, a run "
-                    "directory, or the name of a job submitted from here (`hpcsuite runs` lists them)")
+    return registry.locate(Path.cwd(), run)
 
 
-def _run_dir_of(state, entry: dict | None) -> Path | None:
-    if entry and entry.get("run_dir"):
-        return Path(entry["run_dir"])
-    return None
+def _run_dir_of(entry: dict | None) -> Path | None:
+    return Path(entry["run_dir"]) if entry and entry.get("run_dir") else None
 
 
 @main.command()
@@ -220,7 +198,7 @@ def status(run, as_json):
 
     job_id, entry = _find_run(run)
     state = jobs.query(job_id)
-    run_dir = _run_dir_of(state, entry)
+    run_dir = _run_dir_of(entry)
     progress = read_progress(run_dir) if run_dir else None
     results = None
     if run_dir and (run_dir / RESULTS).is_file():
@@ -298,7 +276,7 @@ def logs(run, lines, follow, rank):
 
     job_id, entry = _find_run(run)
     state = jobs.query(job_id)
-    run_dir = _run_dir_of(state, entry)
+    run_dir = _run_dir_of(entry)
     if rank is not None:
         if run_dir is None:
             raise UserError(f"job {job_id}: no run directory known for --rank (not submitted from "
