@@ -297,6 +297,8 @@ class Run:
         gathered = self.hvd.allgather_object(mine, name="hpcsuite.api.finish")
         if self.rank != 0:
             return
+        if self._step_times:       # the last step, not one up to 2 s before it
+            self._write_progress({k: v[-1] for k, v in self._metrics.items() if v})
         elapsed_max = max(g["elapsed"] for g in gathered)
         total = sum(g["samples"] for g in gathered)
         metrics = {k: v for k, v in self._metrics.items()}

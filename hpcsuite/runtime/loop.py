@@ -290,6 +290,8 @@ class Trainer:
             self.b.poll_result(self.poll)          # every rank posted it; every rank collects it
         self.settle_losses()
         m = self.metrics
+        if self.b.rank == 0 and m.real:
+            self.write_progress(p, m.real[-1])     # the last step, not one up to 2 s before it
         if self.t.checkpoint.enabled and stop is None and p.step > p.start_step and \
                 not (m.checkpoints and m.checkpoints[-1]["step"] == p.step):
             self.save(p, "final")
