@@ -1,9 +1,15 @@
-"""Following submitted jobs: state, log file, waiting, cancelling."""
+"""Following submitted jobs: state, log file, waiting, cancelling.
+
+Where a job's state comes from, best first: Slurm accounting (``sacct``: kept after the job
+ends, with exit codes, MaxRSS and every requeued attempt) when the cluster runs slurmdbd; the
+controller (``scontrol``/``squeue``: live, but it forgets a finished job after MinJobAge);
+the job completion log (``jobcomp/filetxt``) when the controller has forgotten it.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import slurm
@@ -23,6 +29,8 @@ class JobState:
     reason: str | None
     elapsed: str | None = None       # Slurm's [D-]HH:MM:SS
     restarts: int | None = None      # times Slurm requeued it
+    max_rss: str | None = None       # the largest MaxRSS of its steps (sacct), e.g. "322M"
+    source: str = "scontrol"         # scontrol, squeue, sacct or jobcomp
 
     @property
     def finished(self) -> bool:
@@ -45,16 +53,29 @@ def _check_id(job_id: str) -> str:
 
 
 def query(job_id: str) -> JobState:
-    """The job as the controller knows it; fall back to the jobcomp record of finished jobs."""
+    """The job as the controller knows it (live), with its accounting record once it has
+    finished; accounting alone, or the jobcomp record, once the controller has forgotten it."""
     _check_id(job_id)
     done = slurm.call(["scontrol", "show", "job", "-o", job_id], check=False, timeout=30)
+    if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
+        raise slurm.failure(done)        # Slurm itself does not answer
+    live = None
     if done.returncode == 0:
         rec = slurm.parse_scontrol_record(done.stdout)
         if rec.get("JobState"):
             restarts = rec.get("Restarts", "")
-            return JobState(job_id, rec["JobState"], rec.get("ExitCode", ""),
+            live = JobState(job_id, rec["JobState"], rec.get("ExitCode", ""),
                             rec.get("StdOut"), rec.get("WorkDir"), rec.get("Reason"),
                             rec.get("RunTime"), int(restarts) if restarts.isdigit() else None)
+    if live is not None and not live.finished:
+        return live               # a job that runs or waits: the controller is the fresh source
+    acct = accounting([job_id]).get(job_id)
+    if live is not None and acct is not None:
+        return replace(live, max_rss=acct.max_rss, exit_code=live.exit_code or acct.exit_code,
+                       restarts=max(live.restarts or 0, acct.restarts or 0) or None,
+                       source="scontrol+sacct")
+    if live is not None or acct is not None:
+        return live or acct
     rec = _jobcomp_records({job_id}).get(job_id)
     if rec:
         return _from_jobcomp(job_id, rec)
@@ -63,22 +84,25 @@ def query(job_id: str) -> JobState:
 
 
 def query_many(job_ids: list[str]) -> dict[str, JobState]:
-    """The state of many jobs in one squeue call (a login node is not asked once per job),
-    the jobcomp records for the ones the controller has forgotten; jobs in neither are left
-    out."""
+    """The state of many jobs in one call, not one per job (a login node is not hammered):
+    sacct when the cluster keeps accounting, squeue for the jobs it has no record of yet, the
+    jobcomp records for the ones the controller has forgotten; jobs in none are left out."""
     ids = [_check_id(j) for j in job_ids]
-    found: dict[str, JobState] = {}
-    for start in range(0, len(ids), 200):
-        chunk = ids[start:start + 200]
+    found: dict[str, JobState] = dict(accounting(ids))
+    rest = [j for j in ids if j not in found]
+    for start in range(0, len(rest), 200):
+        chunk = rest[start:start + 200]
         done = slurm.call(["squeue", "-h", "--states=all", "-j", ",".join(chunk),
                            "-o", "%i|%T|%M|%r"], check=False, timeout=30)
         if done.returncode != 0:
-            continue
+            if "invalid job id" in done.stderr.lower():
+                continue      # none of them is known any more: the jobcomp records may be
+            raise slurm.failure(done)
         for line in done.stdout.splitlines():
             parts = line.split("|")
             if len(parts) == 4 and parts[0] in chunk:
                 found[parts[0]] = JobState(parts[0], parts[1], "", None, None,
-                                           parts[3] or None, parts[2])
+                                           parts[3] or None, parts[2], source="squeue")
     missing = {j for j in ids if j not in found}
     if missing:
         for job_id, rec in _jobcomp_records(missing).items():
@@ -88,7 +112,78 @@ def query_many(job_ids: list[str]) -> dict[str, JobState]:
 
 def _from_jobcomp(job_id: str, rec: dict[str, str]) -> JobState:
     return JobState(job_id, rec.get("JobState", "UNKNOWN"), rec.get("ExitCode", ""), None,
-                    rec.get("WorkDir"), None, _elapsed(rec.get("StartTime"), rec.get("EndTime")))
+                    rec.get("WorkDir"), None, _elapsed(rec.get("StartTime"), rec.get("EndTime")),
+                    source="jobcomp")
+
+
+# --------------------------------------------------------------------------- accounting
+
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Elapsed", "MaxRSS", "WorkDir")
+
+
+def accounting(job_ids: list[str]) -> dict[str, JobState]:
+    """The jobs' accounting records, in one ``sacct`` call per 200 jobs; {} where the cluster
+    keeps no accounting (sacct fails at once there)."""
+    found: dict[str, JobState] = {}
+    for start in range(0, len(job_ids), 200):
+        chunk = [_check_id(j) for j in job_ids[start:start + 200]]
+        # -D: every attempt of a requeued job; -P: fields split by a bar, no padding.
+        done = slurm.call(["sacct", "-n", "-P", "-D", "-j", ",".join(chunk),
+                           "-o", ",".join(SACCT_FIELDS)], check=False, timeout=30)
+        if done.returncode != 0:
+            return {}            # "accounting storage is disabled", or slurmdbd is down
+        found.update(parse_sacct(done.stdout, set(chunk)))
+    return found
+
+
+def parse_sacct(stdout: str, wanted: set[str] | None = None) -> dict[str, JobState]:
+    """``sacct -n -P -D -o JobID,State,ExitCode,Elapsed,MaxRSS,WorkDir`` to one JobState per
+    job: the state, exit code and elapsed time of its latest attempt, the attempts before it
+    as requeues, the largest MaxRSS of any of its steps."""
+    rows: dict[str, list[list[str]]] = {}
+    steps_rss: dict[str, list[int]] = {}
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != len(SACCT_FIELDS):
+            continue
+        job, _, step = parts[0].partition(".")
+        if not job.isdigit() or (wanted is not None and job not in wanted):
+            continue
+        if step:
+            rss = _bytes(parts[4])
+            if rss is not None:
+                steps_rss.setdefault(job, []).append(rss)
+        else:
+            rows.setdefault(job, []).append(parts)
+    out = {}
+    for job, attempts in rows.items():
+        last = attempts[-1]
+        rss = max(steps_rss.get(job, []), default=None)
+        out[job] = JobState(job, last[1].split()[0] if last[1].strip() else "UNKNOWN", last[2],
+                            None, last[5] or None, None, last[3] or None,
+                            len(attempts) - 1 or None,
+                            _human_bytes(rss) if rss is not None else None, source="sacct")
+    return out
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+def _bytes(text: str) -> int | None:
+    """sacct's MaxRSS (``25808K``, ``1.5G``, ``0``) in bytes; None when empty or unreadable."""
+    text = text.strip()
+    unit = text[-1:].upper() if text[-1:].isalpha() else ""
+    try:
+        return int(float(text[:-1] if unit else text) * _UNITS[unit])
+    except (ValueError, KeyError):
+        return None
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("P", "T", "G", "M", "K"):
+        if n >= _UNITS[unit]:
+            return f"{n / _UNITS[unit]:.3g}{unit}"
+    return str(n)
 
 
 def _elapsed(start: str | None, end: str | None) -> str | None:

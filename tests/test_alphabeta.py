@@ -235,6 +235,8 @@ def test_the_command_submits_waits_and_prints_the_table(tmp_path, monkeypatch):
         calls.append(argv)
         if argv[0] == "sbatch":
             return slurm.Completed(argv, 0, "4242\n", "")
+        if argv[0] == "sacct":          # a cluster without accounting
+            return slurm.Completed(argv, 1, "", "sacct: error: accounting storage is disabled")
         assert argv[:3] == ["scontrol", "show", "job"]
         run_dir = tmp_path / "out" / "allreduce-bench" / "4242"   # the job writes its report
         r = ab.report(sizes, fake_measurements(sizes, 2, 2e-6, 4e9, 100),

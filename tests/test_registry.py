@@ -54,12 +54,15 @@ def test_query_many_is_one_squeue_call_with_jobcomp_for_the_forgotten(monkeypatc
         calls.append(argv)
         if argv[0] == "squeue":
             return slurm.Completed(argv, 0, "8|RUNNING|1:02|None\n9|PENDING|0:00|Priority\n", "")
+        if argv[0] == "sacct":
+            return slurm.Completed(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
         return slurm.Completed(argv, 0, f"JobCompLoc = {comp}\n", "")
 
     monkeypatch.setattr(slurm, "call", fake)
     states = jobs.query_many(["7", "8", "9", "10"])
     assert [c[0] for c in calls].count("squeue") == 1
-    assert "-j" in calls[0] and "7,8,9,10" in calls[0]
+    squeue = next(c for c in calls if c[0] == "squeue")
+    assert "-j" in squeue and "7,8,9,10" in squeue
     assert states["8"].state == "RUNNING" and states["8"].elapsed == "1:02"
     assert states["9"].reason == "Priority"
     assert states["7"].state == "COMPLETED" and states["7"].elapsed == "01:02:03"
@@ -114,11 +117,82 @@ def test_progress_file_round_trip(tmp_path):
 
 def test_jobs_unknown_without_a_jobcomp_file_are_left_out(monkeypatch):
     def fake(argv, **kw):
-        if argv[0] == "squeue":
+        if argv[0] in ("squeue", "scontrol") and "config" not in argv:
             return slurm.Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id")
+        if argv[0] == "sacct":
+            return slurm.Completed(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
         return slurm.Completed(argv, 0, "JobCompLoc = (null)\n", "")
 
     monkeypatch.setattr(slurm, "call", fake)
     assert jobs.query_many(["3"]) == {}
     with pytest.raises(UserError, match="job 3 is not known to Slurm"):
         jobs.query("3")
+
+
+SACCT = """\
+41|REQUEUED|0:0|00:00:31||/w
+41.batch|CANCELLED|0:15|00:00:31|25808K|
+41.0|CANCELLED|0:15|00:00:30|329952K|
+41|COMPLETED|0:0|00:01:02||/w
+41.batch|COMPLETED|0:0|00:01:02|26000K|
+41.0|COMPLETED|0:0|00:01:01|1.5G|
+42|CANCELLED by 0|0:0|00:00:05||/w
+43|PENDING|0:0|00:00:00||/w
+"""
+
+
+def test_parse_sacct_latest_attempt_requeues_and_largest_rss():
+    states = jobs.parse_sacct(SACCT, {"41", "42", "43"})
+    a = states["41"]
+    assert (a.state, a.exit_code, a.elapsed, a.restarts) == ("COMPLETED", "0:0", "00:01:02", 1)
+    assert a.max_rss == "1.5G" and a.source == "sacct" and a.workdir == "/w"
+    assert states["42"].state == "CANCELLED" and states["42"].restarts is None
+    assert states["43"].state == "PENDING" and states["43"].max_rss is None
+    assert set(jobs.parse_sacct(SACCT, {"42"})) == {"42"}
+    assert jobs._bytes("25808K") == 25808 * 1024 and jobs._bytes("") is None
+    assert jobs._bytes("0") == 0 and jobs._bytes("x") is None
+
+
+def test_query_many_asks_sacct_first_and_squeue_only_for_the_rest(monkeypatch):
+    calls = []
+
+    def fake(argv, **kw):
+        calls.append(argv)
+        if argv[0] == "sacct":
+            return slurm.Completed(argv, 0, SACCT, "")
+        if argv[0] == "squeue":
+            return slurm.Completed(argv, 0, "44|PENDING|0:00|Priority\n", "")
+        raise AssertionError(argv)
+
+    monkeypatch.setattr(slurm, "call", fake)
+    states = jobs.query_many(["41", "44"])
+    assert [c[0] for c in calls] == ["sacct", "squeue"]
+    assert calls[1][calls[1].index("-j") + 1] == "44"        # squeue asked only for the rest
+    assert states["41"].source == "sacct" and states["44"].source == "squeue"
+
+
+def test_query_adds_accounting_to_a_finished_job_and_finds_a_forgotten_one(monkeypatch):
+    def fake(argv, **kw):
+        if argv[0] == "sacct":
+            return slurm.Completed(argv, 0, SACCT, "")
+        if argv[:2] == ["scontrol", "show"] and argv[-1] == "41":
+            return slurm.Completed(argv, 0, "JobId=41 JobState=COMPLETED ExitCode=0:0 "
+                                   "RunTime=00:01:02 Restarts=1 StdOut=/w/o", "")
+        return slurm.Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+
+    monkeypatch.setattr(slurm, "call", fake)
+    live = jobs.query("41")
+    assert live.stdout == "/w/o" and live.max_rss == "1.5G" and live.source == "scontrol+sacct"
+    forgotten = jobs.query("42")             # the controller purged it; accounting keeps it
+    assert forgotten.state == "CANCELLED" and forgotten.source == "sacct"
+
+
+def test_a_cluster_that_does_not_answer_is_one_error_naming_slurm_conf(monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+
+    def fake(argv, **kw):
+        return slurm.Completed(argv, 1, "", "squeue: fatal: Could not establish a configuration source")
+
+    monkeypatch.setattr(slurm, "call", fake)
+    with pytest.raises(UserError, match=r"squeue failed .*SLURM_CONF is not set.*cluster env"):
+        jobs.query_many(["3"])

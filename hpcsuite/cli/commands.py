@@ -191,8 +191,10 @@ def _run_dir_of(entry: dict | None) -> Path | None:
 def status(run, as_json):
     """Show the state of RUN: a job id, a run directory, or a job name (its latest run).
 
-    State, elapsed time, requeues and the attempt, and from the run directory the latest step,
-    epoch, throughput and loss (while it runs) or the results (when it has finished)."""
+    State, elapsed time, exit code, requeues and MaxRSS (from Slurm accounting, sacct, where
+    the cluster keeps it; else from the controller or its job completion log), and from the run
+    directory the latest step, epoch, throughput and loss (while it runs) or the results (when
+    it has finished)."""
     from .. import jobs
     from ..results import RESULTS, Results, read_progress
 
@@ -215,7 +217,9 @@ def status(run, as_json):
     name = f" ({entry['name']})" if entry and entry.get("name") else ""
     click.echo(f"job {state.job_id}{name}: {progress_line(state, progress)}")
     details = [f"exit {state.exit_code}" if state.exit_code else None,
-               f"requeued {state.restarts} time(s)" if state.restarts else None]
+               f"requeued {state.restarts} time(s)" if state.restarts else None,
+               f"MaxRSS {state.max_rss}" if state.max_rss else None,
+               f"from {state.source}"]
     if any(details):
         click.echo("  " + ", ".join(d for d in details if d))
     if results is not None:
@@ -232,8 +236,9 @@ def status(run, as_json):
 def runs(as_json, last):
     """List the runs submitted from this directory, newest last, with their state.
 
-    The registry is .hpcsuite/runs.jsonl here; states come from one Slurm query for all the
-    runs (and Slurm's job completion records for the ones it has forgotten)."""
+    The registry is .hpcsuite/runs.jsonl here; states, exit codes and MaxRSS come from one
+    sacct call for all the runs where the cluster keeps accounting, else from one squeue call
+    (and Slurm's job completion records for the jobs the controller has forgotten)."""
     from .. import jobs, registry
     from ..results import read_progress
 
@@ -248,6 +253,10 @@ def runs(as_json, last):
         rows.append({"job_id": e["job_id"], "name": e.get("name"),
                      "state": state.state if state else "UNKNOWN",
                      "elapsed": state.elapsed if state else None,
+                     "exit_code": state.exit_code if state else None,
+                     "max_rss": state.max_rss if state else None,
+                     "restarts": state.restarts if state else None,
+                     "source": state.source if state else None,
                      "step": (progress or {}).get("step"), "submitted_at": e.get("submitted_at"),
                      "run_dir": e["run_dir"], "spec": e.get("spec"), "git": e.get("git")})
     if as_json:
@@ -256,10 +265,12 @@ def runs(as_json, last):
     if not rows:
         click.echo(f"no runs submitted from {Path.cwd()}")
         return
-    click.echo(f"{'JOB':>8}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'STEP':>7}  {'SUBMITTED':<19}  RUN DIR")
+    click.echo(f"{'JOB':>8}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'EXIT':>5} "
+               f"{'MAXRSS':>7} {'STEP':>7}  {'SUBMITTED':<19}  RUN DIR")
     for r in rows:
         click.echo(f"{r['job_id']:>8}  {(r['name'] or '')[:20]:<20} {r['state']:<11} "
-                   f"{r['elapsed'] or '-':>10} {r['step'] if r['step'] is not None else '-':>7}  "
+                   f"{r['elapsed'] or '-':>10} {r['exit_code'] or '-':>5} {r['max_rss'] or '-':>7} "
+                   f"{r['step'] if r['step'] is not None else '-':>7}  "
                    f"{r['submitted_at'] or '':<19}  {r['run_dir']}")
 
 
