@@ -12,7 +12,7 @@ setup:
 # Start the local 2-node Slurm cluster and run the quickstart Horovod job on it.
 demo: setup
 	@$(HPCSUITE) cluster up
-	@$(HPCSUITE) submit sbatch/quickstart.yaml --wait
+	@eval "$$($(HPCSUITE) cluster env)" && $(HPCSUITE) submit sbatch/quickstart.yaml --wait
 
 # The whole test suite, end-to-end tests on a private local Slurm cluster included.
 test: setup

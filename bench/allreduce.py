@@ -31,10 +31,11 @@ from hpcsuite.runtime.allreduce_bench import format_size
 @contextlib.contextmanager
 def cluster_env(port: int, private: bool):
     """Slurm client environment for a running cluster, or for one started here."""
-    from hpcsuite.cluster import LocalCluster, active_slurm_conf
+    from hpcsuite.cluster import LocalCluster, cluster_dir
 
-    conf = None if private else active_slurm_conf()
-    if conf:
+    running = LocalCluster(cluster_dir())
+    conf = os.environ.get("SLURM_CONF") or (str(running.conf) if running.running() else None)
+    if conf and not private:
         print(f"using the running cluster ({conf})", file=sys.stderr)
         yield dict(os.environ, SLURM_CONF=conf)
         return

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -41,12 +42,13 @@ BASE = ROOT / "examples" / "scaling" / "job.yaml"
 
 def cluster_env() -> dict:
     env = dict(os.environ)
-    if "SLURM_CONF" not in env:
-        out = subprocess.run([PY, "-m", "hpcsuite", "cluster", "up"], capture_output=True, text=True,
-                             check=True).stdout
+    if "SLURM_CONF" not in env:     # the local cluster: start it, take its client settings
+        subprocess.run([PY, "-m", "hpcsuite", "cluster", "up"], capture_output=True, check=True)
+        out = subprocess.run([PY, "-m", "hpcsuite", "cluster", "env"], capture_output=True,
+                             text=True, check=True).stdout
         for line in out.splitlines():
-            if line.startswith("export SLURM_CONF="):
-                env["SLURM_CONF"] = line.split("=", 1)[1]
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = shlex.split(value)[0]
     return env
 
 

@@ -1,8 +1,13 @@
-"""A real two-node Slurm cluster on this one machine, owned by hpcsuite.
+"""A real two-node Slurm cluster on this one machine, owned by hpcsuite, for demos and tests.
 
-munged, slurmctld and two ``slurmd -N nodeX`` (Debian's slurmd supports several per host)
-run with config, keys, state, spool and logs all under one directory (``cluster_dir()``),
-never touching /etc/slurm or /etc/munge. Slurm's commands reach it through ``SLURM_CONF``.
+munged, MariaDB and slurmdbd (accounting, so ``sacct`` answers as on a real cluster),
+slurmctld and two ``slurmd -N nodeX`` (Debian's slurmd supports several per host) run with
+config, keys, database, state, spool and logs all under one directory (``cluster_dir()``),
+never touching /etc/slurm, /etc/munge or the system's MariaDB. Slurm's commands reach it
+through ``SLURM_CONF``, and jobs render with the cluster's own site profile
+(``etc/hpcsuite/profile.yaml``); ``hpcsuite cluster env`` prints both for a shell. Nothing
+outside this module and ``hpcsuite cluster`` knows the cluster exists: a production login
+node never runs this code.
 
 Each daemon runs in the foreground (``-D``/``-F``) as a child we detach, so its pid is ours
 to record and to stop; ``down`` signals exactly those pids after checking they still run
@@ -25,11 +30,26 @@ from .errors import UserError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 16817        # slurmctld; slurmd of node i listens on DEFAULT_PORT + i
+DEFAULT_PORT = 16817        # slurmctld; slurmd of node i listens on DEFAULT_PORT + i,
+DB_OFFSET, DBD_OFFSET = 3, 4  # MariaDB and slurmdbd on DEFAULT_PORT + 3 and + 4
 NODES = ("node1", "node2")
 PARTITION = "debug"
 # A second partition on the same nodes: what a site's partition lock keeps jobs out of (tests).
 OTHER_PARTITION = "other"
+CLUSTER_NAME = "hpcsuite"
+DB_NAME, DB_USER = "slurm_acct_db", "slurm"
+
+# Jobs on this cluster run as root (it is started by root and SlurmUser=root); OpenMPI's
+# mpirun refuses root unless told. slurmd runs this before every task, the batch script
+# included, and adds what it prints to the task's environment: the allowance is the
+# cluster's, not something every site's template has to carry.
+TASK_PROLOG = """#!/bin/sh
+# Written by `hpcsuite cluster up`: the local cluster's TaskProlog.
+if [ "$(id -u)" = 0 ]; then
+  echo "export OMPI_ALLOW_RUN_AS_ROOT=1"
+  echo "export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+fi
+"""
 
 
 def cluster_dir() -> Path:
@@ -40,16 +60,6 @@ def cluster_dir() -> Path:
     return Path(state) / "hpcsuite" / "cluster"
 
 
-def active_slurm_conf() -> str | None:
-    """SLURM_CONF when set; else the local cluster's config while that cluster runs."""
-    if os.environ.get("SLURM_CONF"):
-        return os.environ["SLURM_CONF"]
-    cluster = LocalCluster(cluster_dir())
-    if cluster.conf.exists() and cluster.running():
-        return str(cluster.conf)
-    return None
-
-
 @dataclass(frozen=True)
 class Daemon:
     name: str          # munged, slurmctld, slurmd-node1, ...
@@ -58,12 +68,21 @@ class Daemon:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, port: int = DEFAULT_PORT):
+    def __init__(self, root: Path, port: int = DEFAULT_PORT, accounting: bool | None = None):
         self.root = Path(root)
         self.port = port
         self.conf = self.root / "etc" / "slurm.conf"
+        self.profile = self.root / "etc" / "hpcsuite" / "profile.yaml"
         self.munge_socket = self.root / "munge" / "munge.socket.2"
+        self.db_socket = self.root / "db" / "mariadb.sock"
         self.hostname = socket.gethostname()
+        # Accounting (slurmdbd + MariaDB) when both are installed, unless told.
+        self.accounting = (_which("slurmdbd") and _which("mariadbd")) if accounting is None \
+            else accounting
+
+    def client_env(self) -> dict[str, str]:
+        """What a shell (or a test) sets to use this cluster: its slurm.conf and site profile."""
+        return {"SLURM_CONF": str(self.conf), "HPCSUITE_PROFILE": str(self.profile)}
 
     # ------------------------------------------------------------------ layout
     def _path(self, *parts: str) -> Path:
@@ -82,8 +101,19 @@ class LocalCluster:
             f"--seed-file={self._path('munge', 'munged.seed')}",
             f"--log-file={self._path('log', 'munged.log')}",
         ]
-        ds = [Daemon("munged", tuple(munge), "munged"),
-              Daemon("slurmctld", ("slurmctld", "-D", "-f", str(self.conf)), "slurmctld")]
+        ds = [Daemon("munged", tuple(munge), "munged")]
+        if self.accounting:
+            ports = self.ports()
+            ds.append(Daemon("mariadbd", (
+                "mariadbd", "--no-defaults", f"--datadir={self._path('db', 'data')}",
+                "--user=root", f"--socket={self.db_socket}", f"--port={ports['mariadbd']}",
+                "--bind-address=127.0.0.1", "--skip-name-resolve",
+                f"--pid-file={self._path('run', 'mariadbd.pid')}",
+                f"--log-error={self._path('log', 'mariadbd.log')}",
+                "--innodb-buffer-pool-size=32M", "--performance-schema=OFF"), "mariadbd"))
+            # slurmdbd reads slurmdbd.conf beside SLURM_CONF (it has no option for a path).
+            ds.append(Daemon("slurmdbd", ("slurmdbd", "-D"), "slurmdbd"))
+        ds.append(Daemon("slurmctld", ("slurmctld", "-D", "-f", str(self.conf)), "slurmctld"))
         ds += [Daemon(f"slurmd-{n}", ("slurmd", "-D", "-N", n, "-f", str(self.conf)), "slurmd")
                for n in NODES]
         return ds
@@ -91,6 +121,8 @@ class LocalCluster:
     def ports(self) -> dict[str, int]:
         ports = {"slurmctld": self.port}
         ports.update({f"slurmd-{n}": self.port + i + 1 for i, n in enumerate(NODES)})
+        if self.accounting:
+            ports.update(mariadbd=self.port + DB_OFFSET, slurmdbd=self.port + DBD_OFFSET)
         return ports
 
     def render_conf(self) -> str:
@@ -98,7 +130,7 @@ class LocalCluster:
         host = self.hostname
         lines = [
             "# Written by `hpcsuite cluster up`; regenerated on every start.",
-            "ClusterName=hpcsuite",
+            f"ClusterName={CLUSTER_NAME}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={self.port}",
             "AuthType=auth/munge",
@@ -125,6 +157,7 @@ class LocalCluster:
             "SchedulerParameters=sched_interval=2",
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r}/log/jobcomp.txt",
+            f"TaskProlog={r}/etc/task_prolog.sh",
             "MinJobAge=3600",
             "KillWait=10",
             "InactiveLimit=0",
@@ -132,6 +165,17 @@ class LocalCluster:
             "MessageTimeout=20",
             "PlugStackConfig=/dev/null",
         ]
+        if self.accounting:
+            lines += [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                "AccountingStorageHost=127.0.0.1",
+                f"AccountingStoragePort={self.port + DBD_OFFSET}",
+                # The munge socket for talking to slurmdbd (AuthInfo covers only the cluster).
+                f"AccountingStoragePass={self.munge_socket}",
+                # MaxRSS and CPU time per step, sampled every 5 s.
+                "JobAcctGatherType=jobacct_gather/linux",
+                "JobAcctGatherFrequency=task=5",
+            ]
         for i, n in enumerate(NODES):
             lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
                          f"Port={self.port + i + 1} CPUs=1 State=UNKNOWN")
@@ -141,16 +185,85 @@ class LocalCluster:
                      "MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
+    def render_dbd_conf(self) -> str:
+        r = self.root
+        return "\n".join([
+            "# Written by `hpcsuite cluster up`; regenerated on every start.",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "DbdAddr=127.0.0.1",
+            f"DbdHost={self.hostname}",
+            f"DbdPort={self.port + DBD_OFFSET}",
+            "SlurmUser=root",
+            f"PidFile={r}/run/slurmdbd.pid",
+            f"LogFile={r}/log/slurmdbd.log",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            f"StoragePort={self.port + DB_OFFSET}",
+            f"StorageUser={DB_USER}",
+            f"StoragePass={self._db_password()}",
+            f"StorageLoc={DB_NAME}",
+        ]) + "\n"
+
+    def render_profile(self) -> str:
+        """The local cluster's site profile: its partitions, as a site describes its own."""
+        parts = "\n".join(f"  {p}: {{cpus_per_node: 1}}" for p in (PARTITION, OTHER_PARTITION))
+        return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
+                "# cluster (two 1-core nodes on this machine). `hpcsuite cluster env` points\n"
+                "# HPCSUITE_PROFILE here.\n"
+                "name: local\n"
+                "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
+                f"partitions:\n{parts}\n")
+
+    def _db_password(self) -> str:
+        path = self._path("db", "password")
+        if not path.exists():
+            path.write_text(secrets.token_hex(16))
+            os.chmod(path, 0o600)
+        return path.read_text().strip()
+
     def _prepare(self) -> None:
-        for d in ("etc", "munge", "run", "log", "state", *[f"spool/{n}" for n in NODES],
-                  *[f"tmp/{n}" for n in NODES]):
+        for d in ("etc/hpcsuite", "munge", "run", "log", "state", "db",
+                  *[f"spool/{n}" for n in NODES], *[f"tmp/{n}" for n in NODES]):
             self._path(d).mkdir(parents=True, exist_ok=True)
         os.chmod(self._path("munge"), 0o700)
+        os.chmod(self._path("db"), 0o700)
         key = self._path("munge", "munge.key")
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
         self.conf.write_text(self.render_conf())
+        prolog = self._path("etc", "task_prolog.sh")
+        prolog.write_text(TASK_PROLOG)
+        os.chmod(prolog, 0o755)
+        self.profile.write_text(self.render_profile())
+        if self.accounting:
+            dbd = self._path("etc", "slurmdbd.conf")
+            dbd.write_text(self.render_dbd_conf())
+            os.chmod(dbd, 0o600)       # slurmdbd refuses a config others can read
+            if not self._path("db", "data", "mysql").is_dir():
+                slurm.call(["mariadb-install-db", "--no-defaults",
+                            f"--datadir={self._path('db', 'data')}", "--user=root",
+                            "--skip-test-db", "--auth-root-authentication-method=socket"],
+                           env=self.env(), timeout=120)
+
+    def _grant(self) -> None:
+        """The database user slurmdbd logs in as (idempotent)."""
+        pw = self._db_password()
+        sql = (f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+               f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+               f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';")
+        deadline = time.monotonic() + 30
+        while True:
+            done = slurm.call(["mariadb", "--no-defaults", f"--socket={self.db_socket}", "-uroot",
+                               "-e", sql], env=self.env(), timeout=30, check=False)
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise UserError(f"MariaDB of the local cluster refused its setup: "
+                                f"{(done.stderr or done.stdout).strip()} "
+                                f"(logs in {self._path('log')})")
+            time.sleep(0.5)
 
     # ------------------------------------------------------------------ pids
     def _pidfile(self, d: Daemon) -> Path:
@@ -209,29 +322,37 @@ class LocalCluster:
         log_path = self._path("log", f"{d.name}.out")
         pid = slurm.spawn_daemon(list(d.argv), env=self.env(), log_path=str(log_path))
         self._pidfile(d).write_text(f"{pid}\n")
+        port = self.ports().get(d.name)
         if d.name == "munged":
             ready = lambda: self.munge_socket.exists()  # noqa: E731
+        elif d.name == "mariadbd":
+            ready = lambda: self.db_socket.exists()  # noqa: E731
+        elif d.name == "slurmdbd":
+            ready = lambda: _listening(port)  # noqa: E731
         else:
             ready = lambda: True  # noqa: E731  (readiness is checked through sinfo)
-        deadline = time.monotonic() + 10
+        wait = 30 if d.name in ("mariadbd", "slurmdbd") else 10
+        deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not _alive(pid):
                 raise UserError(f"{d.name} exited at start: {self._why(d)}")
             if ready():
                 time.sleep(0.3)
                 if _alive(pid):
+                    if d.name == "mariadbd":
+                        self._grant()
                     return
             time.sleep(0.1)
         if not ready():
-            raise UserError(f"{d.name} did not become ready within 10s: {self._why(d)}")
+            raise UserError(f"{d.name} did not become ready within {wait}s: {self._why(d)}")
 
     def _why(self, d: Daemon) -> str:
         """The most telling log line of a daemon that failed."""
         candidates = [self._path("log", f"{d.name}.out")]
         if d.name == "munged":
             candidates.append(self._path("log", "munged.log"))
-        elif d.name == "slurmctld":
-            candidates.append(self._path("log", "slurmctld.log"))
+        elif d.name in ("slurmctld", "slurmdbd", "mariadbd"):
+            candidates.append(self._path("log", f"{d.name}.log"))
         else:
             candidates.append(self._path("log", f"{d.name}.log"))
         lines: list[str] = []
@@ -313,12 +434,15 @@ def _alive(pid: int) -> bool:
 
 
 def _is_ours(pid: int, program: str, root: str) -> bool:
-    """The pid still runs ``program`` with our cluster directory on its command line."""
+    """The pid still runs ``program`` with our cluster directory on its command line or in
+    its environment (SLURM_CONF: slurmdbd takes no path arguments)."""
     if not _alive(pid):
         return False
     try:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if comm == program and root not in cmdline:
+            cmdline = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     except OSError:
         return False
     return comm == program and root in cmdline
@@ -332,6 +456,14 @@ def _port_taken(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _which(prog: str) -> bool:

@@ -99,7 +99,7 @@ def check_slurm(profile: SiteProfile) -> Check:
     if code != 0:
         return Check("slurm", FAIL, out.splitlines()[-1] if out else f"sinfo exit {code}",
                      "is the controller up and SLURM_CONF right? (the local cluster: "
-                     "`hpcsuite cluster up`)")
+                     "`hpcsuite cluster up`, then eval \"$(hpcsuite cluster env)\")")
     partitions = parse_partitions(out)
     missing = sorted(set(profile.partitions) - set(partitions))
     if missing:
@@ -127,6 +127,16 @@ def check_pmi(profile: SiteProfile, launcher: str | None) -> Check:
     status = WARN if launcher == "mpirun" else FAIL
     return Check("pmi", status, f"srun --mpi={want} (the profile's mpi.srun_mpi) is not among "
                  f"{', '.join(sorted(plugins))}", hint)
+
+
+def check_accounting() -> Check:
+    """sacct answers: finished jobs stay findable with exit codes and MaxRSS."""
+    code, out = _run(["sacct", "-n", "-P", "-X", "-o", "JobID", "-S", "now"], timeout=30)
+    if code == 0:
+        return Check("accounting", PASS, "sacct answers (slurmdbd)")
+    return Check("accounting", WARN, out.splitlines()[-1] if out else f"sacct exit {code}",
+                 "without accounting, status and runs fall back to squeue and the job "
+                 "completion log: a finished job is forgotten after Slurm's MinJobAge")
 
 
 def check_mpi() -> Check:
@@ -283,7 +293,7 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
                env: dict[str, str] | None = None, compute: bool = True) -> list[Check]:
     python = profile.interpreter()
     env = {**os.environ, **(env or {})}
-    checks = [check_slurm(profile), check_pmi(profile, launcher), check_mpi(),
+    checks = [check_slurm(profile), check_accounting(), check_pmi(profile, launcher), check_mpi(),
               check_horovod(horovod_build(python), profile), check_infiniband(profile),
               check_network(env, profile), check_gpus(profile)]
     if compute:

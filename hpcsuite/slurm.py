@@ -1,5 +1,9 @@
 """The one place hpcsuite runs external programs (sbatch, squeue, scontrol, scancel, sinfo,
-and the local cluster's daemons), plus small pure parsers of their output.
+sacct, and the local cluster's daemons), plus small pure parsers of their output.
+
+Slurm is found as its own commands find it: ``SLURM_CONF`` or /etc/slurm/slurm.conf (or a
+configless setup). Nothing here knows of hpcsuite's local development cluster; a shell reaches
+that one through ``eval "$(hpcsuite cluster env)"``.
 
 Every call takes an argv list (never a shell string), has a timeout, and strips ``SBATCH_*``
 variables from the environment of ``sbatch`` so a user's shell cannot silently change a job
@@ -30,13 +34,8 @@ class Completed:
 
 
 def slurm_env(extra: dict[str, str] | None = None, *, strip_sbatch: bool = False) -> dict[str, str]:
-    """The environment Slurm commands run with: the caller's, pointed at the active cluster."""
-    from .cluster import active_slurm_conf  # local import: cluster imports this module
-
+    """The environment Slurm commands run with: the caller's (``SBATCH_*`` removed on request)."""
     env = dict(os.environ)
-    conf = active_slurm_conf()
-    if conf:
-        env["SLURM_CONF"] = conf
     if strip_sbatch:
         env = {k: v for k, v in env.items() if not k.startswith("SBATCH_")}
     env.update(extra or {})
@@ -57,9 +56,26 @@ def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, st
         raise UserError(f"{argv[0]} did not answer within {timeout:g}s: {' '.join(argv)}") from None
     done = Completed(list(argv), proc.returncode, proc.stdout, proc.stderr)
     if check and proc.returncode != 0:
-        detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        raise UserError(f"{argv[0]} failed (exit {proc.returncode}): {detail[-1] if detail else 'no output'}")
+        raise failure(done, env)
     return done
+
+
+def failure(done: Completed, env: dict[str, str] | None = None) -> UserError:
+    """The one-line error for a program that failed: its last line of output, and where Slurm
+    looked for its configuration when that was the trouble."""
+    detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    return UserError(f"{done.argv[0]} failed (exit {done.returncode}): "
+                     f"{detail[-1] if detail else 'no output'}{_conf_hint(done.stderr, env)}")
+
+
+def _conf_hint(stderr: str, env: dict[str, str] | None) -> str:
+    """When Slurm could not read its configuration: where it looked, and how to point it."""
+    if "slurm.conf" not in stderr and "configuration source" not in stderr:
+        return ""
+    conf = (env if env is not None else os.environ).get("SLURM_CONF")
+    where = f"SLURM_CONF={conf}" if conf else "SLURM_CONF is not set"
+    return (f" ({where}; set SLURM_CONF to the cluster's slurm.conf; for hpcsuite's local "
+            "cluster: eval \"$(hpcsuite cluster env)\")")
 
 
 def spawn_daemon(argv: list[str], *, env: dict[str, str], log_path: str) -> int:

@@ -47,8 +47,7 @@ SHELL_VARS = frozenset(
     "PIPESTATUS DIRSTACK HOSTTYPE MACHTYPE OSTYPE HISTFILE PROMPT_COMMAND EPOCHSECONDS "
     "EPOCHREALTIME PATH SHELL".split())
 # Names the rendered script and the launchers use for themselves.
-OWN_VARS = frozenset({"RUN_DIR", "launcher", "status", "OMPI_ALLOW_RUN_AS_ROOT",
-                      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"})
+OWN_VARS = frozenset({"RUN_DIR", "launcher", "status"})
 OWNED_PREFIXES = {"SLURM_": "Slurm", "SBATCH_": "Slurm", "SRUN_": "Slurm", "SALLOC_": "Slurm",
                   "BASH_": "bash", "HPCSUITE_": "hpcsuite", "PMI_": "the MPI launcher",
                   "PMIX_": "the MPI launcher", "OMPI_COMM_WORLD_": "the MPI launcher"}

@@ -25,7 +25,8 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- Debian packages
-APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm munge cmake build-essential environment-modules)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm slurmdbd mariadb-server munge cmake build-essential
+              environment-modules)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,8 +35,17 @@ if ((${#missing[@]})); then
   [[ ${HPCSUITE_SKIP_APT:-0} == 1 ]] && die "missing Debian packages: ${missing[*]} (HPCSUITE_SKIP_APT=1 is set)"
   [[ $(id -u) == 0 ]] || die "missing Debian packages ${missing[*]}; run as root or install them first"
   say "installing Debian packages: ${missing[*]}"
+  # The packages' own services (the system MariaDB, slurmdbd, munge) must not start: the local
+  # cluster runs its own copies under its directory. policy-rc.d tells invoke-rc.d so.
+  made_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+    made_policy=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
 fi
 
 # ---------------------------------------------------------------- venv + Python packages

@@ -78,3 +78,29 @@ def test_daemon_that_fails_reports_its_log_line_and_cleans_up(tmp_path, monkeypa
         c.up(timeout=10)
     assert "slurmctld exited at start: slurmctld: fatal: Unable to determine" in str(exc.value)
     assert not any(c.states().values()), "munged was left running after a failed up"
+
+
+def test_accounting_runs_under_the_cluster_dir(local_cluster):
+    """slurmdbd with its own MariaDB (datadir, socket, port under the cluster) answers sacct."""
+    cluster, env = local_cluster
+    assert cluster.accounting and cluster.states()["mariadbd"] and cluster.states()["slurmdbd"]
+    cmdline = open(f"/proc/{cluster.states()['mariadbd']}/cmdline").read()
+    assert f"--datadir={cluster.root}/db/data" in cmdline
+    assert (cluster.root / "etc" / "slurmdbd.conf").stat().st_mode & 0o077 == 0
+    out = subprocess.run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["hpcsuite"], out.stderr
+
+
+def test_the_clusters_profile_is_a_valid_site_profile(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    env = {**env, **cluster.client_env()}
+    spec = tmp_path / "j.yaml"
+    spec.write_text("name: j\nresources: {nodes: 2, partition: other}\n")
+    shown = json.loads(run_cli("config", "show", str(spec), "--json", env=env, cwd=tmp_path,
+                               check=True).stdout)
+    assert shown["site"]["name"] == "local"
+    assert set(shown["site"]["partitions"]) == {"debug", "other"}
+    spec.write_text("name: j\nresources: {nodes: 2, partition: gpu}\n")
+    bad = run_cli("lint", str(spec), env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown partition 'gpu'; partitions: debug, other" in bad.stderr

@@ -85,3 +85,44 @@ def test_submit_wait_shows_progress_and_exits_with_the_outcome(local_cluster, tm
     states = [line for line in proc.stderr.splitlines() if "] job " in line]
     assert any(": RUNNING" in line for line in states), proc.stderr
     assert "completed at step 3000" in proc.stdout
+
+
+def test_accounting_reaches_status_and_runs_with_the_clusters_own_profile(local_cluster, tmp_path):
+    """With the shell set up as `eval "$(hpcsuite cluster env)"` does: jobs render with the
+    cluster's own site profile, run as root through its TaskProlog (no template line), and
+    status/runs read exit codes, elapsed time and MaxRSS from sacct (slurmdbd + MariaDB)."""
+    cluster, env = local_cluster
+    exports = run_cli("cluster", "env", env=env, check=True).stdout.splitlines()
+    assert exports == [f"export SLURM_CONF={cluster.conf}",
+                       f"export HPCSUITE_PROFILE={cluster.profile}"]
+    env = {**env, **cluster.client_env()}
+    (tmp_path / "ok.yaml").write_text(
+        "name: acct-ok\nresources: {nodes: 2, time: '00:05:00', partition: debug}\n"
+        "train: {data: {samples: 2048, shape: [32]}, batch_size: 32, max_steps: 40}\n")
+    (tmp_path / "fail.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "bad.yaml").write_text(
+        "name: acct-bad\nresources: {nodes: 1, time: '00:05:00'}\ntrain: {script: fail.py}\n")
+    ok = run_cli("submit", "ok.yaml", "--wait", cwd=tmp_path, env=env, timeout=600)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = run_cli("submit", "bad.yaml", "--wait", cwd=tmp_path, env=env, timeout=600)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+
+    status = json.loads(run_cli("status", "acct-ok", "--json", cwd=tmp_path, env=env,
+                                check=True).stdout)
+    assert status["state"] == "COMPLETED" and status["exit_code"] == "0:0"
+    assert status["source"] == "scontrol+sacct" and status["max_rss"][-1] in "KMG"
+    # The progress record ends at the final step, not at a sample from up to 2 s before it.
+    assert status["progress"]["step"] == status["results"]["final_step"] == 32
+    run_dir = tmp_path / status["run_dir"]
+    assert json.loads((run_dir / "profile.json").read_text())["name"] == "local"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in (run_dir / "job.sbatch").read_text()
+    text = run_cli("status", "acct-ok", cwd=tmp_path, env=env, check=True).stdout
+    assert "exit 0:0" in text and "MaxRSS" in text and "from scontrol+sacct" in text
+
+    listed = {r["name"]: r for r in json.loads(run_cli("runs", "--json", cwd=tmp_path, env=env,
+                                                       check=True).stdout)}
+    assert listed["acct-ok"]["source"] == "sacct" and listed["acct-ok"]["max_rss"]
+    assert listed["acct-bad"]["state"] == "FAILED" and listed["acct-bad"]["exit_code"] != "0:0"
+    sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobName,State"], env=env,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "acct-ok|COMPLETED" in sacct and "acct-bad|FAILED" in sacct

@@ -19,12 +19,14 @@ port_option = click.option("--port", type=click.IntRange(1024, 65000), default=N
 
 @main.group()
 def cluster():
-    """A local Slurm cluster (munge, slurmctld, two virtual nodes) for demos and tests.
+    """A local Slurm cluster (munge, MariaDB + slurmdbd for accounting, slurmctld, two
+    virtual nodes) for demos and tests.
 
-    State, config and logs live in $HPCSUITE_CLUSTER_DIR
-    (default ~/.local/state/hpcsuite/cluster); /etc/slurm is never touched.
-    While it runs, hpcsuite points Slurm commands at it; for your shell:
-    eval "$(hpcsuite cluster env)".
+    State, config, database and logs live in $HPCSUITE_CLUSTER_DIR
+    (default ~/.local/state/hpcsuite/cluster); /etc/slurm and the system's MariaDB are never
+    touched. Point your shell (Slurm's commands and hpcsuite) at it with
+    eval "$(hpcsuite cluster env)": SLURM_CONF, and HPCSUITE_PROFILE for the cluster's own
+    site profile (its partitions).
     """
 
 
@@ -38,7 +40,9 @@ def up(port, timeout):
     for note in c.up(timeout=timeout):
         click.echo(note)
     click.echo(f"nodes: {', '.join(f'{n}={s}' for n, s in c.node_states().items())}")
-    click.echo(f"export SLURM_CONF={c.conf}")
+    click.echo("accounting: " + ("slurmdbd + MariaDB (sacct works)" if c.accounting else
+                                 "off (install Debian's slurmdbd and mariadb-server for sacct)"))
+    click.echo('for your shell: eval "$(hpcsuite cluster env)"')
 
 
 @cluster.command()
@@ -67,5 +71,10 @@ def status_(as_json):
 
 @cluster.command()
 def env():
-    """Print `export SLURM_CONF=...` for your shell."""
-    click.echo(f"export SLURM_CONF={_cluster(None).conf}")
+    """Print the exports that point a shell at the cluster (SLURM_CONF, HPCSUITE_PROFILE).
+
+    Use as: eval "$(hpcsuite cluster env)"."""
+    import shlex
+
+    for name, value in _cluster(None).client_env().items():
+        click.echo(f"export {name}={shlex.quote(value)}")
