@@ -128,6 +128,7 @@ class Run:
         self._n: int | None = None
         self._finished = False
         self._progress_at = float("-inf")
+        self._timeline = None          # train.monitor.timeline_steps: made at the first log()
         _ACTIVE = self
 
     # ---------------------------------------------------------------- resume
@@ -204,6 +205,14 @@ class Run:
         self._last = now
         for key, value in metrics.items():
             self._metrics.setdefault(key, []).append(float(value))
+        mon = self.t.monitor
+        if mon.timeline_steps and hasattr(self.hvd, "start_timeline"):
+            if self._timeline is None:
+                from .runtime.timeline import Window
+
+                self._timeline = Window(self.hvd, self.rank, self.run_dir,
+                                        mon.timeline_start_step, mon.timeline_steps)
+            self._timeline.step(self.step)
         if self.rank == 0 and time.monotonic() - self._progress_at >= PROGRESS_SECONDS:
             self._write_progress(metrics)
         if self.rank == 0 and self._policy.log_due(time.monotonic()):
@@ -289,6 +298,8 @@ class Run:
 
         status = status or ("preempted" if self._stopped else "completed")
         elapsed = time.perf_counter() - self._t0
+        if self._timeline is not None:
+            self._timeline.close(self.step)
         checksum = _checksum(params) if params is not None else None
         mine = {"rank": self.rank, "host": hostname(), "samples": self._samples,
                 "elapsed": elapsed, "checksum": checksum, "metrics": self._metrics}

@@ -95,6 +95,10 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
             out.append(Finding("warning", "train.horovod.allreduce",
                                "false: the ranks never exchange gradients, each trains its own "
                                "replica (a benchmark's no-communication limit, not training)"))
+    if job.train.monitor.timeline_steps and job.train.horovod.timeline:
+        out.append(Finding("error", "train.monitor.timeline_steps",
+                           "a timeline window and train.horovod.timeline (the whole run) exclude "
+                           "each other; set one"))
     r = job.resources
     if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
         out.append(Finding("warning", "resources.tasks_per_node",

@@ -32,6 +32,8 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(h.stall_shutdown_seconds)
     if h.timeline:
         env["HOROVOD_TIMELINE"] = Raw('"$RUN_DIR/horovod-timeline.json"')
+    elif job.train.monitor.timeline_steps:
+        env["HOROVOD_TIMELINE"] = "DYNAMIC"      # started and stopped from Python for a window
     if h.autotune:
         env["HOROVOD_AUTOTUNE"] = "1"
         env["HOROVOD_AUTOTUNE_LOG"] = Raw('"$RUN_DIR/horovod-autotune.csv"')

@@ -3,10 +3,15 @@
 loss.png        the global loss per optimizer step (and validation loss, when there was one)
 throughput.png  samples/s of every step (all ranks), with a rolling median
 utilisation.png with train.monitor: each rank's CPU (or GPU) use and memory over time
+
+and, for each Horovod timeline window the run recorded (``train.monitor.timeline_steps``), the
+time per step its activities took (waiting for the other ranks in NEGOTIATE_*, the allreduce
+itself and what it is made of), summed over the tensors.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .errors import UserError
@@ -19,6 +24,49 @@ def load(run_dir: Path) -> Results:
         raise UserError(f"{path}: no results yet (the job has not finished, or it failed: "
                         "`hpcsuite status` and `hpcsuite logs` tell)")
     return Results.load(path)
+
+
+_WINDOW = re.compile(r"horovod-timeline-steps-(\d+)-(\d+)\.json$")
+
+
+def timeline_windows(run_dir: Path) -> list[Path]:
+    return sorted((p for p in run_dir.glob("horovod-timeline-steps-*.json")
+                   if _WINDOW.search(p.name)), key=lambda p: int(_WINDOW.search(p.name).group(1)))
+
+
+def timeline_summary(path: Path) -> dict:
+    """{"first", "last", "steps", "per_step_ms": {activity: ms per step}} of one window file
+    (Chrome trace events: B/E pairs per tensor; a file cut short lacks its closing bracket)."""
+    import json
+
+    m = _WINDOW.search(path.name)
+    first, last = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    text = path.read_text(errors="replace").strip().rstrip(",")
+    try:
+        events = json.loads(text if text.endswith("]") else text + "]")
+    except ValueError as e:
+        raise UserError(f"{path}: not a Horovod timeline ({e})") from None
+    stacks: dict = {}
+    totals: dict[str, float] = {}
+    for ev in events if isinstance(events, list) else []:
+        if not isinstance(ev, dict) or ev.get("ph") not in ("B", "E"):
+            continue
+        stack = stacks.setdefault(ev.get("pid"), [])
+        if ev["ph"] == "B":
+            stack.append((str(ev.get("name")), float(ev.get("ts", 0))))
+        elif stack:
+            name, ts = stack.pop()
+            totals[name] = totals.get(name, 0.0) + float(ev.get("ts", 0)) - ts
+    steps = max(1, last - first)
+    return {"file": str(path), "first": first, "last": last, "steps": steps,
+            "per_step_ms": {k: v / 1000.0 / steps for k, v in
+                            sorted(totals.items(), key=lambda kv: -kv[1])}}
+
+
+def timeline_line(summary: dict) -> str:
+    parts = ", ".join(f"{k} {v:.3g} ms" for k, v in summary["per_step_ms"].items())
+    return (f"Horovod timeline, steps {summary['first']}-{summary['last']}, per step (summed "
+            f"over tensors): {parts or 'no activity recorded'}")
 
 
 def _rolling_median(values: list[float], width: int) -> list[float]:

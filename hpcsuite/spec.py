@@ -175,6 +175,12 @@ class Monitor(Record):
         "a directory (e.g. node_exporter's textfile collector's) where each rank rewrites "
         "hpcsuite-JOBID-rank-N.prom every sample; relative to the submit directory",
         pattern=PATH, pattern_help=PATH_HELP, nonempty=True))
+    timeline_steps: int = field(default=0, metadata=_m(
+        "record a Horovod timeline over this many optimizer steps (0: off), on rank 0's "
+        "node-local disk ($TMPDIR), then copied to the run directory as "
+        "horovod-timeline-steps-A-B.json; independent of enabled", min=0, max=1_000_000))
+    timeline_start_step: int = field(default=10, metadata=_m(
+        "the step the timeline window opens at (past the first steps' warm-up)", min=0))
 
 
 @record

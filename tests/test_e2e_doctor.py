@@ -14,8 +14,9 @@ def test_doctor_passes_on_the_local_cluster(local_cluster, tmp_path):
     proc = run_cli("doctor", "--json", cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = {c["name"]: c for c in json.loads(proc.stdout)}
-    assert set(checks) == {"slurm", "pmi", "mpi", "horovod", "infiniband", "network", "gpus",
-                           "compute"}
+    assert set(checks) == {"slurm", "accounting", "pmi", "mpi", "horovod", "infiniband",
+                           "network", "gpus", "compute"}
+    assert checks["accounting"]["status"] == "pass"         # slurmdbd of the local cluster
     assert all(c["status"] != "fail" for c in checks.values()), checks
     assert "debug (up)" in checks["slurm"]["detail"]
     assert "Open MPI" in checks["mpi"]["detail"]

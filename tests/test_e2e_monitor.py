@@ -40,3 +40,57 @@ def test_monitored_job_records_utilisation_and_prometheus(local_cluster, tmp_pat
                                                           "utilisation.png"]
     for p in plots:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_a_timeline_window_is_copied_next_to_the_results(local_cluster, tmp_path, backend):
+    """train.monitor.timeline_steps: Horovod records steps 100-150 only, on rank 0's node-local
+    disk; the file lands in the run directory and `hpcsuite report` reads it."""
+    cluster, env = local_cluster
+    (tmp_path / "tl.yaml").write_text(
+        f"name: tl\nresources: {{nodes: 2, time: '00:05:00'}}\n"
+        f"train: {{backend: {backend}, data: {{samples: 4096, shape: [32]}}, batch_size: 32, "
+        "epochs: 1000, max_steps: 300, monitor: {timeline_start_step: 100, timeline_steps: 50}}\n")
+    out = run_cli("submit", "tl.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_dir = tmp_path / json.loads(out.stdout)["run_dir"]
+    assert "HOROVOD_TIMELINE=DYNAMIC" in (run_dir / "job.sbatch").read_text()
+    window = run_dir / "horovod-timeline-steps-100-150.json"
+    events = json.loads(window.read_text())
+    names = {e.get("name") for e in events}
+    assert "NEGOTIATE_ALLREDUCE" in names and "MPI_ALLREDUCE" in names
+    assert sorted(p.name for p in run_dir.glob("horovod-timeline*")) == [window.name]
+    # The window holds 50 steps' allreduces of each gradient tensor, not the whole run's 300.
+    per_tensor: dict = {}
+    for e in events:
+        if e.get("name") == "ALLREDUCE" and e.get("ph") == "B":
+            per_tensor[e["pid"]] = per_tensor.get(e["pid"], 0) + 1
+    assert per_tensor and all(45 <= n <= 55 for n in per_tensor.values()), per_tensor
+    report = run_cli("report", "tl", cwd=tmp_path, env=env, check=True).stdout
+    assert "Horovod timeline, steps 100-150, per step" in report and "MPI_ALLREDUCE" in report
+
+
+def test_a_timeline_window_in_script_mode(local_cluster, tmp_path):
+    """The same window from a user's own Horovod loop (hpcsuite.api: run.log() counts steps)."""
+    cluster, env = local_cluster
+    (tmp_path / "loop.py").write_text(
+        "import horovod.torch as hvd, torch\n"
+        "from hpcsuite import api\n"
+        "hvd.init(); torch.set_num_threads(1)\n"
+        "run = api.Run(hvd)\n"
+        "x = torch.ones(1000)\n"
+        "for batch in run.batches(4096):\n"
+        "    if batch.last_in_step:\n"
+        "        hvd.allreduce(x, name='grad')\n"
+        "        run.log(loss=1.0)\n"
+        "run.finish()\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: tls\nresources: {nodes: 2, time: '00:05:00'}\n"
+        "train: {script: loop.py, batch_size: 32, epochs: 2, "
+        "monitor: {timeline_start_step: 20, timeline_steps: 30}}\n")
+    out = run_cli("submit", "s.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_dir = tmp_path / json.loads(out.stdout)["run_dir"]
+    events = json.loads((run_dir / "horovod-timeline-steps-20-50.json").read_text())
+    grads = [e for e in events if e.get("name") == "ALLREDUCE" and e.get("ph") == "B"]
+    assert 25 <= len(grads) <= 35

@@ -338,8 +338,9 @@ def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -
               help="Directory for the PNGs (default: the run directory).")
 def report(run, out):
     """Draw PNG plots of RUN (a job id, a run directory, or a job name) from its results:
-    loss.png, throughput.png, and with train.monitor utilisation.png."""
-    from ..run_report import plot
+    loss.png, throughput.png, and with train.monitor utilisation.png. Prints, for each Horovod
+    timeline window (train.monitor.timeline_steps), the time per step of its activities."""
+    from ..run_report import plot, timeline_line, timeline_summary, timeline_windows
 
     job_id, entry = _find_run(run)
     if entry is None:
@@ -347,6 +348,8 @@ def report(run, out):
                         "its run directory")
     for path in plot(Path(entry["run_dir"]), Path(out) if out else None):
         click.echo(str(path))
+    for window in timeline_windows(Path(entry["run_dir"])):
+        click.echo(f"{window}\n  {timeline_line(timeline_summary(window))}")
 
 
 @main.command()

@@ -208,6 +208,7 @@ class Trainer:
         self.lr: float | None = None
         self.saved_step: int | None = None   # the step of the latest checkpoint save
         self.progress_at = float("-inf")
+        self.timeline = None         # a Horovod timeline window (train.monitor.timeline_steps)
         self.sampler = None
         self.utilisation: list[dict] = []
 
@@ -277,6 +278,13 @@ class Trainer:
         self.poll = None
         stop = None
         self.sampler = self.start_sampler(p)
+        mon = self.t.monitor
+        if mon.timeline_steps:
+            from .timeline import Window
+
+            self.timeline = Window(self.b.hvd, self.b.rank, self.run_dir,
+                                   mon.timeline_start_step, mon.timeline_steps)
+            self.timeline.step(p.step)
         t_start = time.perf_counter()
         while p.cursor.epoch < self.t.epochs and stop is None and not policy.done(p.step):
             stop = self.train_epoch(data, sharder, p, policy)
@@ -285,6 +293,8 @@ class Trainer:
                 if held is not None and policy.eval_due(p.cursor.epoch):
                     self.evaluate(held, p)
         elapsed = time.perf_counter() - t_start
+        if self.timeline is not None:
+            self.timeline.close(p.step)
         self.utilisation = self.sampler.stop() if self.sampler is not None else []
         if self.poll is not None:
             self.b.poll_result(self.poll)          # every rank posted it; every rank collects it
@@ -376,6 +386,8 @@ class Trainer:
     def after_step(self, p: Progress, policy: Policy, step_real: int) -> str | None:
         stop = None
         save = False
+        if self.timeline is not None:
+            self.timeline.step(p.step)
         if policy.poll_due(p.step):
             self.settle_losses()
             agreed = None
