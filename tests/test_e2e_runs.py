@@ -126,3 +126,37 @@ def test_accounting_reaches_status_and_runs_with_the_clusters_own_profile(local_
     sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobName,State"], env=env,
                            capture_output=True, text=True, timeout=60).stdout
     assert "acct-ok|COMPLETED" in sacct and "acct-bad|FAILED" in sacct
+
+
+def test_cancel_stops_a_running_job_and_its_ranks(local_cluster, tmp_path):
+    import time
+
+    cluster, env = local_cluster
+    (tmp_path / "long.yaml").write_text(
+        "name: long\nresources: {nodes: 2, time: '00:05:00'}\n"
+        "train: {data: {samples: 4096, shape: [32]}, batch_size: 32, epochs: 100000}\n")
+    job_id = run_cli("submit", "long.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
+    log = tmp_path / "runs" / "long" / f"slurm-{job_id}.out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (log.is_file() and "training:" in log.read_text()):
+        time.sleep(0.5)
+    job_file = f"{tmp_path}/runs/long/{job_id}/job.json"
+
+    def ranks():
+        return subprocess.run(["pgrep", "-f", f"hpcsuite train --job {job_file}"],
+                              capture_output=True, text=True).stdout.split()
+
+    assert len(ranks()) >= 2
+    out = run_cli("cancel", "long", cwd=tmp_path, env=env, check=True)
+    assert out.stdout.strip() == f"cancelled {job_id}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and ranks():
+        time.sleep(0.5)
+    assert not ranks(), "a rank outlived scancel"
+    while time.monotonic() < deadline:
+        status = json.loads(run_cli("status", "long", "--json", cwd=tmp_path, env=env,
+                                    check=True).stdout)
+        if status["state"] != "COMPLETING":
+            break
+        time.sleep(1)
+    assert status["state"] == "CANCELLED"

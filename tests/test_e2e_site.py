@@ -80,3 +80,36 @@ def test_site_template_and_lock(site):
     assert payload["state"] == "COMPLETED" and payload["results"]["world_size"] == 2
     log = (work / "runs" / "sitejob" / f"slurm-{payload['job_id']}.out").read_text()
     assert "site check: module=loaded marker=from-site-template" in log
+
+
+def test_profile_modules_and_mca_reach_every_rank(local_cluster, tmp_path):
+    """A site profile's module_init, module_paths and modules are loaded, and its mpi.mca
+    settings are in force, in every rank on every node (what a rank sees, not the script)."""
+    cluster, env = local_cluster
+    modulefiles = tmp_path / "modulefiles"
+    modulefiles.mkdir()
+    (modulefiles / "site-tools").write_text("#%Module1.0\nsetenv HPCSUITE_SITE_MODULE loaded\n")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(
+        "name: modsite\nmodule_init: source /usr/share/modules/init/bash\n"
+        f"module_paths: [{modulefiles}]\nmodules: [site-tools]\n"
+        "mpi: {mca: {pml: ob1, btl: '^openib', btl_tcp_if_include: lo}}\n")
+    (tmp_path / "envdump.py").write_text(
+        "import json, os, horovod.torch as hvd\n"
+        "from hpcsuite import api\n"
+        "hvd.init()\n"
+        "run = api.Run(hvd)\n"
+        "keys = ('HPCSUITE_SITE_MODULE', 'OMPI_MCA_btl_tcp_if_include', 'OMPI_MCA_pml', 'SLURMD_NODENAME')\n"
+        "(run.run_dir / f'env-{hvd.rank()}.json').write_text(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+        "run.finish()\n")
+    (tmp_path / "job.yaml").write_text(
+        "name: modjob\nresources: {nodes: 2, time: '00:05:00'}\ntrain: {script: envdump.py}\n")
+    env = dict(env, HPCSUITE_PROFILE=str(profile))
+    done = run_cli("submit", "job.yaml", "--wait", "--json", env=env, cwd=tmp_path, timeout=500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / json.loads(done.stdout)["run_dir"]
+    seen = [json.loads((run_dir / f"env-{r}.json").read_text()) for r in (0, 1)]
+    assert {s["SLURMD_NODENAME"] for s in seen} == {"node1", "node2"}
+    for s in seen:
+        assert s["HPCSUITE_SITE_MODULE"] == "loaded", s
+        assert s["OMPI_MCA_btl_tcp_if_include"] == "lo" and s["OMPI_MCA_pml"] == "ob1", s

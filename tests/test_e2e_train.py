@@ -4,6 +4,7 @@ A per-rank ledger of sample ids (train.ledger) proves that across stops and resu
 sample of every epoch is trained on exactly once."""
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -181,28 +182,69 @@ def test_preempted_without_requeue_exits_3_and_resubmission_resumes(local_cluste
     assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16
 
 
-def test_a_dead_rank_ends_the_job_within_a_minute(local_cluster, tmp_path):
+def _ranks(run_dir: str) -> list[str]:
+    """The ranks' pids (not mpirun's or srun's, whose command lines name the same job file)."""
+    return subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m hpcsuite train --job {run_dir}/job.json"],
+                          capture_output=True, text=True).stdout.split()
+
+
+def _ends_within(env, job_id: str, since: float, limit: float) -> tuple[str, float]:
+    while time.monotonic() - since < limit:
+        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
+        if state["state"] not in ("RUNNING", "PENDING", "COMPLETING"):
+            return state["state"], time.monotonic() - since
+        time.sleep(1)
+    subprocess.run(["scancel", job_id], env=env, timeout=60)
+    return "still running", time.monotonic() - since
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_a_dead_rank_ends_the_job_within_a_minute(local_cluster, tmp_path, launcher):
+    """kill -9 of one rank: mpirun aborts the job, and under srun --kill-on-bad-exit does
+    (without it the survivor would wait in its allreduce until Horovod's stall shutdown, 120 s)."""
     cluster, env = local_cluster
     spec = tmp_path / "dead.yaml"
-    spec.write_text(PREEMPT_SPEC.replace("name: preempt", "name: dead")
+    spec.write_text(PREEMPT_SPEC.replace("name: preempt", f"name: dead-{launcher}\nlauncher: {launcher}")
                     .replace("max_steps: 30000", "max_steps: 10000000"))
     job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
-    log = tmp_path / "runs" / "dead" / f"slurm-{job_id}.out"
+    log = tmp_path / "runs" / f"dead-{launcher}" / f"slurm-{job_id}.out"
     _wait_for(log, "training:")
-    run_dir = str(tmp_path / "runs" / "dead" / job_id)
-    # The ranks themselves (not mpirun, whose command line names the same job file).
-    pids = subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m hpcsuite train --job {run_dir}/job.json"],
-                          capture_output=True, text=True).stdout.split()
+    pids = _ranks(str(tmp_path / "runs" / f"dead-{launcher}" / job_id))
     assert len(pids) == 2, pids
     killed_at = time.monotonic()
     os.kill(int(pids[-1]), signal.SIGKILL)
-    while time.monotonic() - killed_at < 90:
-        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
-        if state["state"] not in ("RUNNING", "PENDING", "COMPLETING"):
-            break
-        time.sleep(1)
-    assert state["state"] == "FAILED"
-    assert time.monotonic() - killed_at < 60
+    state, took = _ends_within(env, job_id, killed_at, 90)
+    assert state == "FAILED" and took < 60, (state, took, log.read_text()[-2000:])
+
+
+def test_a_stuck_rank_ends_the_job_through_horovods_stall_shutdown(local_cluster, tmp_path):
+    """A rank stuck in its own code (here: sleeping at step 20, as a hung data loader would)
+    while the other waits in its allreduce: Horovod's background threads keep negotiating, the
+    stall check names the missing rank and the stall shutdown ends the job. (A rank stopped
+    outright, SIGSTOP, is not caught this way: the coordinator then blocks inside the MPI
+    negotiation itself; only the time limit ends such a job.)"""
+    cluster, env = local_cluster
+    (tmp_path / "stuck.py").write_text(
+        "import time, horovod.torch as hvd, torch\n"
+        "from hpcsuite import api\n"
+        "hvd.init(); torch.set_num_threads(1)\n"
+        "run = api.Run(hvd)\n"
+        "x = torch.ones(1000)\n"
+        "for step in range(1000000):\n"
+        "    if step == 20 and hvd.rank() == 1:\n"
+        "        print('rank 1 is stuck', flush=True)\n"
+        "        time.sleep(3600)\n"
+        "    hvd.allreduce(x, name='grad')\n")
+    (tmp_path / "stuck.yaml").write_text(
+        "name: stuck\nresources: {nodes: 2, time: '00:10:00'}\n"
+        "train: {script: stuck.py, horovod: {stall_check_seconds: 5, stall_shutdown_seconds: 15}}\n")
+    job_id = run_cli("submit", "stuck.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
+    log = tmp_path / "runs" / "stuck" / f"slurm-{job_id}.out"
+    _wait_for(log, "rank 1 is stuck")
+    state, took = _ends_within(env, job_id, time.monotonic(), 120)
+    text = log.read_text()
+    assert state == "FAILED" and 10 < took < 60, (state, took, text[-2000:])
+    assert "Missing ranks:" in text, text[-2000:]              # Horovod's stall inspector
 
 
 def test_torch_npy_shards_amp_adasum_timeline(local_cluster, tmp_path):
