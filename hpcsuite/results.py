@@ -80,6 +80,8 @@ class Results:
     batch_size_per_rank: int = 0
     grad_accumulation: int = 1
     precision: str | None = None
+    # what the training steps computed in: {compute_dtype, param_dtype, loss_scaling}
+    precision_seen: dict = field(default_factory=dict)
     samples: int = 0
     elapsed_s: float = 0.0
     samples_per_s: float = 0.0

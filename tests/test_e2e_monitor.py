@@ -23,6 +23,7 @@ def test_monitored_job_records_utilisation_and_prometheus(local_cluster, tmp_pat
     assert out.returncode == 0, out.stdout + out.stderr
     payload = json.loads(out.stdout)
     results = payload["results"]
+    assert results["precision_seen"]["compute_dtype"] == "float32"      # the default, fp32
     series = results["utilisation"]
     assert len(series) == 2 and all(len(s) >= 2 for s in series)
     for rank_series in series:

@@ -274,6 +274,9 @@ train:
     payload = submit(env, tmp_path, spec)
     r = payload["results"]
     assert r["world_size"] == 2 and r["precision"] == "amp" and r["dataset_samples"] == 600
+    # The training step's forward ran in bf16 (autocast on the CPU), the parameters stay fp32.
+    assert r["precision_seen"] == {"compute_dtype": "bfloat16", "param_dtype": "float32",
+                                   "loss_scaling": False}
     assert len(set(r["param_checksums"])) == 1
     assert sum(r["loss"][-3:]) < sum(r["loss"][:3])
     run_dir = Path(payload["run_dir"])
@@ -290,4 +293,7 @@ train: {backend: tensorflow, model: mlp, precision: mixed_float16, batch_size: 3
 """
     r = submit(env, tmp_path, spec)["results"]
     assert r["precision"] == "mixed_float16" and len(set(r["param_checksums"])) == 1
+    # Computed in float16 with float32 variables, through a loss-scale optimizer.
+    assert r["precision_seen"] == {"compute_dtype": "float16", "param_dtype": "float32",
+                                   "loss_scaling": True}
     assert sum(r["loss"][-5:]) < sum(r["loss"][:5])

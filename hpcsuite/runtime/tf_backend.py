@@ -101,6 +101,7 @@ class TensorFlowBackend(HorovodBackend):
         self.user_loss_fn = self.user_loss()
         x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
         out = self.model(x, training=False)             # builds the model's variables too
+        self._seen_dtype = self._compute_dtype(x)
         self.check_output(out.shape, len(x), data)
         self.check_per_sample(self.per_sample_loss(y, tf.cast(out, tf.float32)).shape, len(x))
         optimizer = make_optimizer(keras, self.t.optimizer, self.t.lr)
@@ -304,6 +305,23 @@ class TensorFlowBackend(HorovodBackend):
             h.update(v.path.encode())
             h.update(np.ascontiguousarray(v.numpy()).tobytes())
         return h.hexdigest()
+
+    def _compute_dtype(self, x) -> str | None:
+        """The dtype the model's first layer with weights computes in, by calling it on a real
+        batch (the output layer is float32 under a mixed policy, so the model's output tells
+        nothing): the evidence in results.json that train.precision took effect."""
+        first = next((layer for layer in self.model.layers if layer.weights), None)
+        if first is None:
+            return None
+        try:
+            return self.tf.as_dtype(first(x).dtype).name
+        except Exception:                    # a layer that does not take the raw inputs
+            return str(first.compute_dtype)
+
+    def precision_seen(self) -> dict:
+        return {"compute_dtype": self._seen_dtype, "loss_scaling": self.mixed,
+                "param_dtype": self.tf.as_dtype(self.model.trainable_variables[0].dtype).name
+                if self.model.trainable_variables else None}   # Keras 3: dtype is a string
 
     def versions(self) -> dict:
         return {**self.common_versions(), "tensorflow": self.tf.__version__,

@@ -117,6 +117,10 @@ class TorchBackend(HorovodBackend):
         self._read_next = None               # set while _read_in_process feeds the loop
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
+        # What the first training step's forward really computed in (read once, then the hook
+        # is gone): the evidence in results.json that train.precision took effect.
+        self._seen_dtype = None
+        self._seen_hook = self.model.register_forward_hook(self._see_dtype)
         opt = make_optimizer(torch, self.t.optimizer, self.model.parameters(), self.t.lr)
         h = self.t.horovod
         if not h.allreduce:                  # the no-communication limit: no gradient allreduce
@@ -313,6 +317,16 @@ class TorchBackend(HorovodBackend):
     def gradient_sizes(self) -> list[int]:
         """Elements of each gradient the allreduce carries (the trainable parameters)."""
         return [p.numel() for p in self.model.parameters() if p.requires_grad]
+
+    def _see_dtype(self, module, args, output) -> None:
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        if module.training and hasattr(out, "dtype"):
+            self._seen_dtype = str(out.dtype).removeprefix("torch.")
+            self._seen_hook.remove()
+
+    def precision_seen(self) -> dict:
+        return {"compute_dtype": self._seen_dtype, "loss_scaling": self.scaler is not None,
+                "param_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
 
     def checksum(self) -> str:
         h = hashlib.sha256()
