@@ -26,6 +26,25 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     return proc
 
 
+def wait_for_text(path: Path, text: str, timeout: float = 180) -> None:
+    """Until ``text`` appears in the file at ``path`` (a job's log)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def rank_pids(run_dir: str | Path) -> list[str]:
+    """The pids of a job's ranks (not mpirun's or srun's, whose command lines name the same
+    job file)."""
+    pattern = f"^\\S*python\\S* -m hpcsuite train --job {run_dir}/job.json"
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+
+
 def submit_spec(env: dict, work: Path, spec_text: str, *args: str, name: str = "job.yaml",
                 expect: int = 0) -> dict:
     """Write a spec into ``work``, `submit --wait --json` it, check the exit code; the JSON."""

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import run_cli
+from conftest import rank_pids, run_cli, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -136,23 +136,15 @@ def test_cancel_stops_a_running_job_and_its_ranks(local_cluster, tmp_path):
         "name: long\nresources: {nodes: 2, time: '00:05:00'}\n"
         "train: {data: {samples: 4096, shape: [32]}, batch_size: 32, epochs: 100000}\n")
     job_id = run_cli("submit", "long.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
-    log = tmp_path / "runs" / "long" / f"slurm-{job_id}.out"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (log.is_file() and "training:" in log.read_text()):
-        time.sleep(0.5)
-    job_file = f"{tmp_path}/runs/long/{job_id}/job.json"
-
-    def ranks():
-        return subprocess.run(["pgrep", "-f", f"hpcsuite train --job {job_file}"],
-                              capture_output=True, text=True).stdout.split()
-
-    assert len(ranks()) >= 2
+    wait_for_text(tmp_path / "runs" / "long" / f"slurm-{job_id}.out", "training:", timeout=300)
+    run_dir = tmp_path / "runs" / "long" / job_id
+    assert len(rank_pids(run_dir)) == 2
     out = run_cli("cancel", "long", cwd=tmp_path, env=env, check=True)
     assert out.stdout.strip() == f"cancelled {job_id}"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and ranks():
+    while time.monotonic() < deadline and rank_pids(run_dir):
         time.sleep(0.5)
-    assert not ranks(), "a rank outlived scancel"
+    assert not rank_pids(run_dir), "a rank outlived scancel"
     while time.monotonic() < deadline:
         status = json.loads(run_cli("status", "long", "--json", cwd=tmp_path, env=env,
                                     check=True).stdout)

@@ -4,7 +4,6 @@ A per-rank ledger of sample ids (train.ledger) proves that across stops and resu
 sample of every epoch is trained on exactly once."""
 
 import collections
-import contextlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, submit_spec as submit
+from conftest import rank_pids, run_cli, submit_spec as submit, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -101,15 +100,6 @@ def test_torch_stop_resume_and_shrink_to_one_rank(local_cluster, tmp_path):
     assert len(kept) == 2 and kept[-1] == f"step-{second['final_step']:08d}"
 
 
-def _wait_for(path: Path, text: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.is_file() and text in path.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}")
-
-
 PREEMPT_SPEC = """name: preempt
 resources: {nodes: 2, tasks_per_node: 1, time: "00:10:00"}
 train:
@@ -129,7 +119,7 @@ def test_preemption_checkpoints_requeues_and_resumes(local_cluster, tmp_path):
     spec.write_text(PREEMPT_SPEC)
     job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
     log = tmp_path / "runs" / "preempt" / f"slurm-{job_id}.out"
-    _wait_for(log, "training:")
+    wait_for_text(log, "training:")
     # What Slurm does lead_seconds before the time limit: the signal to the batch shell.
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
     deadline = time.monotonic() + 600
@@ -171,7 +161,7 @@ def test_preempted_without_requeue_exits_3_and_resubmission_resumes(local_cluste
         time.sleep(0.2)
     log = next(root.glob("slurm-*.out"))
     job_id = log.stem.split("-")[1]
-    _wait_for(log, "training:")
+    wait_for_text(log, "training:")
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 3, out + err
@@ -180,12 +170,6 @@ def test_preempted_without_requeue_exits_3_and_resubmission_resumes(local_cluste
     assert again["start_step"] > 0 and again["final_step"] == 30000
     seen = ledger([d for d in root.iterdir() if d.name.isdigit()])[0]
     assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16
-
-
-def _ranks(run_dir: str) -> list[str]:
-    """The ranks' pids (not mpirun's or srun's, whose command lines name the same job file)."""
-    return subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m hpcsuite train --job {run_dir}/job.json"],
-                          capture_output=True, text=True).stdout.split()
 
 
 def _ends_within(env, job_id: str, since: float, limit: float) -> tuple[str, float]:
@@ -208,8 +192,8 @@ def test_a_dead_rank_ends_the_job_within_a_minute(local_cluster, tmp_path, launc
                     .replace("max_steps: 30000", "max_steps: 10000000"))
     job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
     log = tmp_path / "runs" / f"dead-{launcher}" / f"slurm-{job_id}.out"
-    _wait_for(log, "training:")
-    pids = _ranks(str(tmp_path / "runs" / f"dead-{launcher}" / job_id))
+    wait_for_text(log, "training:")
+    pids = rank_pids(str(tmp_path / "runs" / f"dead-{launcher}" / job_id))
     assert len(pids) == 2, pids
     killed_at = time.monotonic()
     os.kill(int(pids[-1]), signal.SIGKILL)
@@ -240,7 +224,7 @@ def test_a_stuck_rank_ends_the_job_through_horovods_stall_shutdown(local_cluster
         "train: {script: stuck.py, horovod: {stall_check_seconds: 5, stall_shutdown_seconds: 15}}\n")
     job_id = run_cli("submit", "stuck.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
     log = tmp_path / "runs" / "stuck" / f"slurm-{job_id}.out"
-    _wait_for(log, "rank 1 is stuck")
+    wait_for_text(log, "rank 1 is stuck")
     state, took = _ends_within(env, job_id, time.monotonic(), 120)
     text = log.read_text()
     assert state == "FAILED" and 10 < took < 60, (state, took, text[-2000:])

@@ -7,12 +7,11 @@ import json
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, run_cli, submit_spec
+from conftest import REPO, run_cli, submit_spec, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -97,15 +96,6 @@ def test_script_mode_runs_the_users_script(local_cluster, digits, spec):
     assert r["checkpoints"][-1]["step"] == r["final_step"]
 
 
-def _wait_for(path: Path, text: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.is_file() and text in path.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}")
-
-
 @pytest.mark.parametrize("name", ["digits-script-torch", "digits-script-tf"])
 def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits, name):
     cluster, env = local_cluster
@@ -113,7 +103,7 @@ def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits, name
                      "--set", "train.checkpoint.every_steps=100000", cwd=digits, env=env,
                      check=True).stdout.strip()
     log = digits / "runs" / name / f"slurm-{job_id}.out"
-    _wait_for(log, "step ")                      # training has begun (the first step is logged)
+    wait_for_text(log, "step ")                      # training has begun (the first step is logged)
     time.sleep(1)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
     deadline = time.monotonic() + 600

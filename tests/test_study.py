@@ -1,6 +1,5 @@
 """Study specs, their points, the bundle and the report's arithmetic, without a cluster."""
 
-import json
 import subprocess
 
 import pytest

@@ -1,8 +1,10 @@
 """The Horovod timeline window: when it starts and stops, where the file goes, the report."""
 
-import json
 from pathlib import Path
 
+import pytest
+
+from hpcsuite.errors import UserError
 from hpcsuite.lint import lint
 from hpcsuite.plan import horovod_environment
 from hpcsuite.profile import SiteProfile
@@ -77,9 +79,6 @@ def test_the_window_renders_dynamic_and_excludes_the_whole_run_timeline():
 
 
 def test_a_damaged_timeline_is_one_error_naming_the_file(tmp_path):
-    import pytest
-    from hpcsuite.errors import UserError
-
     bad = tmp_path / "horovod-timeline-steps-1-2.json"
     bad.write_text('[{"ph": "B", "na')
     with pytest.raises(UserError, match=r"horovod-timeline-steps-1-2.json: not a Horovod timeline"):

@@ -220,8 +220,7 @@ def status(run, as_json):
                f"requeued {state.restarts} time(s)" if state.restarts else None,
                f"MaxRSS {state.max_rss}" if state.max_rss else None,
                f"from {state.source}"]
-    if any(details):
-        click.echo("  " + ", ".join(d for d in details if d))
+    click.echo("  " + ", ".join(d for d in details if d))
     if results is not None:
         click.echo(f"  results: {results.status} at step {results.final_step}, "
                    f"{results.samples_per_s:.1f} samples/s, attempt {results.attempt}")
@@ -374,6 +373,7 @@ def doctor(spec, profile_path, as_json, no_compute):
 
     \b
     slurm       the controller answers; the profile's partitions exist and are up
+    accounting  sacct answers (slurmdbd): finished jobs stay findable (warns without)
     pmi         srun --mpi=list has the profile's mpi.srun_mpi
     mpi         mpirun is OpenMPI (its version)
     horovod     horovodrun --check-build: frameworks, MPI controller, NCCL where the
