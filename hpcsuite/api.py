@@ -129,6 +129,12 @@ class Run:
         self._finished = False
         self._progress_at = float("-inf")
         self._timeline = None          # train.monitor.timeline_steps: made at the first log()
+        self._time_limit = None        # rank 0 stops before Slurm's time limit by its clock
+        if self.rank == 0 and self.t.preemption.watches_time_limit(self.t.checkpoint.enabled):
+            from .runtime.timelimit import TimeLimit
+            self._time_limit = TimeLimit.from_slurm()
+        self._noticed: int | None = None
+        self._stop_reason = "preempted"
         _ACTIVE = self
 
     # ---------------------------------------------------------------- resume
@@ -247,8 +253,11 @@ class Run:
             return True
         if self._calls < self._next_vote:
             return False
+        wants = self._flag.raised or self._time_limit_near()
+        if wants and self._noticed is None:
+            self._noticed = self.step
         votes = self.hvd.allgather_object(
-            [int(self._flag.raised), int(self._policy.time_to_save(time.monotonic())),
+            [int(wants), int(self._policy.time_to_save(time.monotonic())),
              Policy.propose_interval(self._call_times[1:] or self._call_times, self.vote_seconds)],
             name="hpcsuite.api.poll")
         self._next_vote = self._calls + min(v[2] for v in votes)   # the same on every rank
@@ -256,8 +265,26 @@ class Run:
         if any(v[0] for v in votes):
             self._stopped = True
             if self.rank == 0:
-                log.info("stopping at step %d after a preemption signal", self.step)
+                self._stop_reason = self._reason()
+                log.info("stopping at step %d (%s)", self.step, self._stop_reason)
         return self._stopped
+
+    def _time_limit_near(self) -> bool:
+        if self._time_limit is None:
+            return False
+        times = sorted(self._call_times[-20:])
+        median = times[len(times) // 2] if times else 0.0
+        return self._time_limit.near([c["seconds"] for c in self._checkpoints], 0, median,
+                                     self.vote_seconds)
+
+    def _reason(self) -> str:
+        tl = self._time_limit
+        if tl is not None:
+            left = tl.left()
+            lead = self.t.preemption.signal_lead(self.t.checkpoint.enabled)
+            if tl.hit or (left is not None and left < lead + 90):
+                return "time_limit"
+        return "preempted"
 
     def checkpoint_due(self) -> bool:
         """Whether this step should be saved: every train.checkpoint.every_steps, or when the
@@ -271,7 +298,7 @@ class Run:
         checkpoint, with the data position, atomically; rank 0 writes, other ranks return None."""
         if state and all(not isinstance(v, dict) for v in state.values()):
             state = {"state": state}
-        reason = reason or ("preempted" if self._stopped else "interval")
+        reason = reason or (self._stop_reason if self._stopped else "interval")
         self._policy.saved(time.monotonic())
         if self.rank != 0:
             return None
@@ -293,16 +320,19 @@ class Run:
         if self._finished:
             return
         self._finished = True
-        from .runtime.loop import PREEMPTED_MARKER, steady_throughput
-        from .runtime.train import hostname
+        from .runtime.loop import steady_throughput, stop_record
+        from .runtime.train import hostname, write_stop_marker
 
-        status = status or ("preempted" if self._stopped else "completed")
+        status = status or (self._stop_reason if self._stopped else "completed")
         elapsed = time.perf_counter() - self._t0
         if self._timeline is not None:
             self._timeline.close(self.step)
         checksum = _checksum(params) if params is not None else None
         mine = {"rank": self.rank, "host": hostname(), "samples": self._samples,
-                "elapsed": elapsed, "checksum": checksum, "metrics": self._metrics}
+                "elapsed": elapsed, "checksum": checksum, "metrics": self._metrics,
+                "noticed": self._noticed, "signal": self._flag.signal,
+                "after_signal": time.monotonic() - self._flag.at
+                if self._stopped and self._flag.at else None}
         write_json_atomic(self.run_dir / f"rank-{self.rank}.json",
                           {**mine, "steps": self.step - self.start_step, "step_time_s": self._step_times})
         gathered = self.hvd.allgather_object(mine, name="hpcsuite.api.finish")
@@ -315,6 +345,8 @@ class Run:
         metrics = {k: v for k, v in self._metrics.items()}
         results = Results(
             job=self.job.name, mode="script", status=status, backend=self.t.backend,
+            stop=stop_record(status, gathered, self.step, self._time_limit)
+            if status in ("preempted", "time_limit") else {},
             model=self.t.script, world_size=self.size, hosts=[g["host"] for g in gathered],
             dataset_samples=self._n or 0, steps=self.step - self.start_step,
             start_step=self.start_step, final_step=self.step, cursor=self.cursor.to_json(),
@@ -337,11 +369,7 @@ class Run:
         results.attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         results.versions = _versions()
         path = results.write(self.run_dir)
-        marker = self.run_dir / PREEMPTED_MARKER
-        if status == "preempted":
-            marker.write_text(f"{self.step}\n")
-        else:
-            marker.unlink(missing_ok=True)
+        write_stop_marker(self.run_dir, status, self.step)
         print(f"hpcsuite script: {status} at step {self.step}; wrote {path}", flush=True)
 
 

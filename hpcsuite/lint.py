@@ -109,10 +109,14 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                            f"{r.time!r} means no time limit, which this site does not allow; "
                            "give the walltime the job needs"))
     ck, pre = job.train.checkpoint, job.train.preemption
-    if ck.enabled and not pre.lead_seconds:
+    if ck.enabled and pre.lead_seconds == 0:
         out.append(Finding("warning", "train.preemption.lead_seconds",
-                           "checkpoints are on but Slurm sends no warning signal before the time "
-                           "limit; set it (e.g. 120) so the job saves before it is killed"))
+                           "0 turns off the warning signal and the ranks' own stop before the "
+                           "time limit: a job that reaches it loses everything since its last "
+                           "checkpoint; leave it unset (the default) or give the seconds"))
+    if pre.max_failures and not ck.enabled:
+        out.append(Finding("warning", "train.preemption.max_failures",
+                           "without checkpoints a requeued attempt starts training from scratch"))
     if pre.requeue and not ck.enabled:
         out.append(Finding("error", "train.preemption.requeue",
                            "requeue without checkpoints restarts training from scratch; set "

@@ -161,8 +161,11 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "job_json": Raw(json.dumps(job.to_dict(), sort_keys=True, ensure_ascii=True)),
         "launch": launch,
         "preemption": job.train.preemption,
+        "signal_lead": job.train.preemption.signal_lead(job.train.checkpoint.enabled),
         # Catch signals in the batch shell whenever a checkpoint could be saved on them.
         "forward_signals": job.train.checkpoint.enabled,
+        "python": profile.interpreter(),
+        "world_size": job.resources.nodes * job.resources.tasks_per_node,
     }
     script = render(path, job.template, context)
     check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)")

@@ -63,7 +63,10 @@ def read_progress(run_dir: str | Path) -> dict | None:
 class Results:
     job: str = ""
     mode: str = "managed"                  # managed loop or script
-    status: str = "completed"              # completed | preempted
+    status: str = "completed"              # completed | preempted | time_limit
+    # why and how fast a stopped run stopped: reason (signal, time_limit), signal,
+    # seconds_after_signal (the signal to the agreed stop), steps_after_notice, seconds_left
+    stop: dict = field(default_factory=dict)
     job_id: str | None = None
     attempt: int = 0
     backend: str | None = None
@@ -104,6 +107,9 @@ class Results:
     spec_digest: str | None = None
     versions: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)             # script mode: the script's own
+    # one summary per attempt of this job that wrote results (each attempt's whole record is
+    # results-attempt-N.json beside this file): attempt, status, start/final step, samples, ...
+    attempts: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -151,13 +157,41 @@ class Results:
             raise UserError(f"{path}: {e}") from None
 
     def write(self, run_dir: str | Path) -> Path:
-        path = Path(run_dir) / RESULTS
+        """This attempt's whole record as results-attempt-N.json, and results.json: the same,
+        with a summary of every attempt of the job (a requeued job keeps its run directory)."""
+        run_dir = Path(run_dir)
+        write_json_atomic(run_dir / attempt_file(self.attempt), {**self.to_json(), "attempts": []})
+        self.attempts = attempt_summaries(run_dir)
+        path = run_dir / RESULTS
         write_json_atomic(path, self.to_json())
         return path
 
     @property
     def last_eval(self) -> dict | None:
         return self.eval[-1] if self.eval else None
+
+
+SUMMARY_KEYS = ("attempt", "job_id", "status", "world_size", "start_step", "final_step", "steps",
+                "samples", "elapsed_s", "samples_per_s", "checkpoint_time_s", "stop")
+
+
+def attempt_file(attempt: int) -> str:
+    return f"results-attempt-{attempt}.json"
+
+
+def attempt_summaries(run_dir: str | Path) -> list[dict]:
+    """The summary of each attempt's results-attempt-N.json in ``run_dir``, by attempt; a
+    damaged one is a UserError naming it."""
+    found = []
+    for path in Path(run_dir).glob("results-attempt-*.json"):
+        number = path.name[len("results-attempt-"):-len(".json")]
+        if number.isdigit():
+            found.append((int(number), path))
+    out = []
+    for _, path in sorted(found):
+        data = Results.load(path).to_json()
+        out.append({k: data.get(k) for k in SUMMARY_KEYS})
+    return out
 
 
 def step_stats(times: list[float]) -> dict:
@@ -207,6 +241,28 @@ def summarize(run_dir: str | Path) -> str:
         f"  parameters: {same}",
         *([f"  checkpoints: {len(r.checkpoints)} saved, last {r.checkpoints[-1]['path']}"]
           if r.checkpoints else []),
+        *([f"  stopped: {describe_stop(r)}"] if r.stop else []),
+        *([f"  attempts: {describe_attempts(r.attempts)}"] if len(r.attempts) > 1 else []),
         f"  outputs: {run_dir}",
     ]
     return "\n".join(lines)
+
+
+def describe_stop(r: "Results") -> str:
+    s = r.stop
+    if s.get("reason") == "time_limit":
+        why = f"{s.get('seconds_left', 0):.0f} s before the time limit"
+    else:
+        why = f"on signal {s.get('signal')}"
+    how = ""
+    if s.get("seconds_after_signal") is not None:
+        how = f", {s['seconds_after_signal']:.2f} s after the signal"
+    if s.get("steps_after_notice") is not None:
+        how += f", {s['steps_after_notice']} step(s) after the ranks were told"
+    return f"{why} at step {r.final_step}, checkpoint saved{how}"
+
+
+def describe_attempts(attempts: list[dict]) -> str:
+    return "; ".join(f"{a.get('attempt')}: {a.get('status')} at step {a.get('final_step')}"
+                     f" ({a.get('start_step')}->{a.get('final_step')}, {a.get('world_size')} ranks)"
+                     for a in attempts)

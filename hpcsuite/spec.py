@@ -186,10 +186,30 @@ class Monitor(Record):
 @record
 class Preemption(Record):
     signal: Literal["USR1", "USR2", "TERM"] = "USR1"
-    lead_seconds: int = field(default=0, metadata=_m(
-        "ask Slurm for SIGNAL this long before the time limit (0: off)", min=0, max=65535))
+    lead_seconds: Optional[int] = field(default=None, metadata=_m(
+        "ask Slurm for SIGNAL this long before the time limit (0: off). Default, when "
+        "checkpoints are on: 30 s, and the ranks also stop by themselves once the time left is "
+        "about what their measured checkpoint save (twice over), two votes and the exit need",
+        min=0, max=65535))
     requeue: bool = field(default=False, metadata=_m(
-        "after a preemption checkpoint, requeue the job so it resumes by itself"))
+        "after a checkpoint on a signal or before the time limit, requeue the job so it "
+        "resumes by itself (without limit: each of those attempts saved its work)"))
+    max_failures: int = field(default=0, metadata=_m(
+        "requeue the job after a failed attempt (a crash, a lost node) at most this many "
+        "times in all; it resumes from the last checkpoint. A failure of the job's input "
+        "(exit 2) is never retried", min=0, max=1000))
+
+    AUTO_LEAD_SECONDS = 30
+
+    def signal_lead(self, checkpoints: bool) -> int:
+        """Seconds before the time limit Slurm signals the batch shell (0: no signal)."""
+        if self.lead_seconds is not None:
+            return self.lead_seconds
+        return self.AUTO_LEAD_SECONDS if checkpoints else 0
+
+    def watches_time_limit(self, checkpoints: bool) -> bool:
+        """Whether the ranks stop by themselves before the time limit (lead_seconds: 0 is off)."""
+        return checkpoints and self.lead_seconds != 0
 
 
 @record

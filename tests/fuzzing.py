@@ -406,9 +406,11 @@ def expected_header(job, profile) -> dict[str, str | None]:
         if part is not None and getattr(part, option):
             want[option] = getattr(part, option)
     pre = job.train.preemption
-    if pre.lead_seconds:
-        want["signal"] = f"B:{pre.signal}@{pre.lead_seconds}"
-    if pre.requeue:
+    lead = pre.lead_seconds if pre.lead_seconds is not None else \
+        (30 if job.train.checkpoint.every_steps or job.train.checkpoint.every_minutes else 0)
+    if lead:
+        want["signal"] = f"B:{pre.signal}@{lead}"
+    if pre.requeue or pre.max_failures:
         want["requeue"] = None
         want["open-mode"] = "append"
     return want

@@ -65,7 +65,7 @@ def test_stop_flag_finish_and_results(tmp_path):
     for batch in run.batches(30):
         run.log(loss=0.5, acc=0.9)
         if run.step == 3:
-            run._flag.signal = "SIGUSR1"          # what the handler does
+            run._flag.raise_("USR1")              # what the handler does
         if run.should_stop():
             run.save({"w": np.ones(2)})
             break
@@ -74,7 +74,7 @@ def test_stop_flag_finish_and_results(tmp_path):
     r = Results.load(run.run_dir / "results.json")
     assert (r.mode, r.status, r.final_step, r.loss) == ("script", "preempted", 3, [0.5] * 3)
     assert r.metrics == {"acc": [0.9] * 3, "final_score": 3} and len(r.param_checksums) == 1
-    assert (run.run_dir / "PREEMPTED").read_text() == "3\n"
+    assert (run.run_dir / "PREEMPTED").read_text() == "3 signal\n"
     assert json.loads((run.run_dir / "rank-0.json").read_text())["steps"] == 3
 
 

@@ -75,9 +75,10 @@ def train_findings(train, time="00:30:00"):
     return {(f.level, f.key): f.message for f in lint(job, SiteProfile())}
 
 
-def test_checkpoints_without_signal_lead_time_warn():
-    f = train_findings({"checkpoint": {"every_steps": 10}})
-    assert ("warning", "train.preemption.lead_seconds") in f
+def test_checkpoints_with_the_time_limit_watch_turned_off_warn():
+    f = train_findings({"checkpoint": {"every_steps": 10}, "preemption": {"lead_seconds": 0}})
+    assert "loses everything since its last checkpoint" in f[("warning", "train.preemption.lead_seconds")]
+    assert not train_findings({"checkpoint": {"every_steps": 10}})     # the default: a signal at 30 s
     assert not train_findings({"checkpoint": {"every_steps": 10}, "preemption": {"lead_seconds": 60}})
 
 

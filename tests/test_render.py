@@ -23,7 +23,7 @@ def test_values_with_shell_metacharacters_stay_inert(tmp_path):
                           "train": {"checkpoint": {"dir": f"c {evil}"}}}, "test")
     script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
     # Execute everything up to the launch line with the launcher replaced by a harmless echo.
-    head = script.split("\nmpirun ")[0]
+    head = script.split("\nHPCSUITE_PY=")[0]
     probe = head + '\nprintf "%s" "$EVIL" > "$RUN_DIR/evil.txt"\n'
     (tmp_path / "job.sh").write_text(probe)
     subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, check=True,

@@ -78,6 +78,9 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
             click.echo(request.script, nl=False)
             click.echo("# " + " ".join([*request.sbatch_argv, "<script>"]))
         return
+    from ..attempts import check_before_submit
+
+    check_before_submit(request.job, request.workdir)
     done = do_submit(request)
     if not wait:
         if as_json:
@@ -164,9 +167,10 @@ def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: 
     if not as_json:
         click.echo(summarize(run_dir) if results is not None else
                    f"job {job_id} completed; no results.json in {run_dir}")
-    if results is not None and results.status == "preempted":
-        raise JobPreempted(f"job {job_id} stopped early after saving a checkpoint; "
-                           "submit the same spec again to resume")
+    if results is not None and results.status in ("preempted", "time_limit"):
+        why = "before its time limit" if results.status == "time_limit" else "early"
+        raise JobPreempted(f"job {job_id} stopped {why} after saving a checkpoint at step "
+                           f"{results.final_step}; submit the same spec again to resume")
 
 
 def stream_width() -> int:
@@ -198,6 +202,8 @@ def status(run, as_json):
     from .. import jobs
     from ..results import RESULTS, Results, read_progress
 
+    from .. import attempts
+
     job_id, entry = _find_run(run)
     state = jobs.query(job_id)
     run_dir = _run_dir_of(entry)
@@ -205,13 +211,19 @@ def status(run, as_json):
     results = None
     if run_dir and (run_dir / RESULTS).is_file():
         results = Results.load(run_dir / RESULTS)
+    records = attempts.read_records(run_dir) if run_dir else []
+    job_spec = _job_of(run_dir) if run_dir and (run_dir / "job.json").is_file() else None
     if as_json:
         payload = {**state.to_json(), "run_dir": str(run_dir) if run_dir else None,
                    "progress": progress, "name": (entry or {}).get("name")}
         if results is not None:
             payload["results"] = {"status": results.status, "final_step": results.final_step,
                                   "samples_per_s": results.samples_per_s,
-                                  "attempt": results.attempt}
+                                  "attempt": results.attempt, "stop": results.stop,
+                                  "attempts": results.attempts}
+        c = attempts.counts(records)
+        payload["attempts"] = {"records": records, "count": c.attempts, "completed": c.completed,
+                               "preempted": c.preempted, "failed": c.failed}
         emit_json(payload)
         return
     name = f" ({entry['name']})" if entry and entry.get("name") else ""
@@ -224,8 +236,46 @@ def status(run, as_json):
     if results is not None:
         click.echo(f"  results: {results.status} at step {results.final_step}, "
                    f"{results.samples_per_s:.1f} samples/s, attempt {results.attempt}")
+        if results.stop:
+            from ..results import describe_stop
+            click.echo(f"  stopped: {describe_stop(results)}")
+    if records:
+        click.echo(f"  attempts: {attempts.counts(records).describe()}; last: "
+                   f"{_describe_record(records[-1])}")
+    if state.state == "TIMEOUT" and job_spec is not None:
+        click.echo(f"  reached its time limit without stopping first; {_last_checkpoint(job_spec, run_dir)}")
     if run_dir:
         click.echo(f"  run directory: {run_dir}")
+
+
+def _job_of(run_dir: Path):
+    from ..runtime.train import load_job
+
+    return load_job(str(run_dir / "job.json"))
+
+
+def _describe_record(r: dict) -> str:
+    text = f"attempt {r['attempt']} {r['outcome']}"
+    if r.get("step") is not None:
+        text += f" at step {r['step']}"
+    if r.get("exit"):
+        text += f" (exit {r['exit']})"
+    if r.get("why"):
+        text += f" ({r['why']})"
+    if r.get("requeued"):
+        text += ", requeued"
+    return text
+
+
+def _last_checkpoint(job, run_dir: Path) -> str:
+    from ..attempts import checkpoint_root, newest_checkpoint
+
+    if not job.train.checkpoint.enabled:
+        return "checkpoints are off: its work is lost"
+    newest = newest_checkpoint(checkpoint_root(job, run_dir))
+    if newest is None:
+        return "no checkpoint was saved"
+    return f"the last checkpoint is step {newest[1].get('step')} ({newest[0]}); submit again to resume"
 
 
 @main.command()
@@ -411,3 +461,43 @@ def train(job_path):
     from ..runtime.train import main as train_main
 
     train_main(job_path)
+
+
+@main.group(hidden=True)
+def attempt():
+    """In-job bookkeeping the batch script calls around each attempt (hpcsuite.attempts)."""
+
+
+def _attempt_job(run_dir: str):
+    from ..runtime.train import load_job
+
+    return load_job(str(Path(run_dir) / "job.json"))
+
+
+@attempt.command("begin")
+@click.option("--run-dir", required=True, type=FilePath(file_okay=False))
+def attempt_begin(run_dir):
+    """Before the ranks start: earlier attempts' records, the failure budget, the checkpoint
+    directory's owner. Exits non-zero when the attempt must not run."""
+    from .. import attempts
+
+    code = attempts.begin(Path(run_dir), _attempt_job(run_dir),
+                          out=lambda line: click.echo(line, err=False))
+    raise click.exceptions.Exit(code)
+
+
+@attempt.command("end")
+@click.option("--run-dir", required=True, type=FilePath(file_okay=False))
+@click.option("--status", type=int, required=True, help="The launcher's exit status.")
+def attempt_end(run_dir, status):
+    """After the ranks ended: record the outcome, requeue when the spec allows it. Exits with
+    the launcher's status."""
+    import signal
+
+    from .. import attempts
+
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):   # the time limit's TERM must not cut the record
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    code = attempts.end(Path(run_dir), _attempt_job(run_dir), status,
+                        out=lambda line: click.echo(line))
+    raise click.exceptions.Exit(code)

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 POLL_STEPS = 10            # the interval until the step time is known
 VOTE_SECONDS = 0.25
 MAX_POLL_STEPS = 1000
-PREEMPTED_MARKER = "PREEMPTED"
+from ..attempts import PREEMPTED_MARKER, checkpoint_root  # noqa: E402,F401 (api, train use them)
 LOG_SECONDS = 30
 PROGRESS_SECONDS = 2.0     # rank 0 rewrites progress.json at most this often (at a vote)
 
@@ -153,12 +153,6 @@ class Policy:
         return ev is not None and ev.enabled and epochs_done % ev.every_epochs == 0
 
 
-def checkpoint_root(job: JobSpec, run_dir: Path) -> Path:
-    if job.train.checkpoint.dir:
-        return Path(job.train.checkpoint.dir).absolute()
-    return run_dir.parent / "checkpoints"
-
-
 # What a checkpoint must agree on with the job resuming from it; world and batch size may change.
 _DATA_KEYS = ("kind", "samples", "shape", "classes", "path", "inputs", "labels", "factory", "args")
 
@@ -212,6 +206,14 @@ class Trainer:
         self.timeline = None         # a Horovod timeline window (train.monitor.timeline_steps)
         self.sampler = None
         self.utilisation: list[dict] = []
+        # Stopping before the time limit: rank 0 watches the clock (lead_seconds not 0).
+        pre = self.t.preemption
+        self.time_limit = None
+        if backend.rank == 0 and pre.watches_time_limit(self.t.checkpoint.enabled):
+            from .timelimit import TimeLimit
+
+            self.time_limit = TimeLimit.from_slurm()
+        self.noticed_step: int | None = None   # the vote step a stop was first asked for here
 
     # ---------------------------------------------------------------- resume
     def restore(self) -> Progress:
@@ -397,22 +399,47 @@ class Trainer:
                 stop = "preempted" if wants_stop else None
                 save = bool(wants_stop or wants_save)
                 agreed = -smallest          # sent negated: Max over ranks is their minimum
-            self.poll = self.b.poll_start([int(self.flag.raised),
+            wants_stop = self.flag.raised or self.time_limit_near(policy)
+            if wants_stop and self.noticed_step is None:
+                self.noticed_step = p.step
+            self.poll = self.b.poll_start([int(wants_stop),
                                            int(policy.time_to_save(time.monotonic())),
                                            -policy.propose_interval(self.metrics.step_times)])
             policy.polled(p.step, agreed)
             if self.b.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS:
                 self.write_progress(p, step_real)
         if policy.save_due(p.step, save):
-            self.save(p, "preempted" if stop else "interval")
+            self.save(p, self.stop_reason() if stop else "interval")
             policy.saved(time.monotonic())
         if self.b.rank == 0 and policy.log_due(time.monotonic()):
             self.settle_losses()
             log.info("step %d, epoch %d, loss %.4f, lr %.4g", p.step, p.cursor.epoch,
                      self.metrics.loss_sums[-1] / step_real, self.lr)
         if stop and self.b.rank == 0:
-            log.info("stopping at step %d after signal %s", p.step, self.flag.signal)
+            log.info("stopping at step %d (%s)", p.step, self.stop_reason())
         return stop
+
+    def time_limit_near(self, policy: Policy) -> bool:
+        if self.time_limit is None:
+            return False
+        if not hasattr(self, "_state_bytes"):
+            self._state_bytes = 3 * 4 * sum(self.b.gradient_sizes())  # parameters, 2 slots
+        times = sorted(self.metrics.step_times[-20:])
+        return self.time_limit.near([c["seconds"] for c in self.metrics.checkpoints],
+                                    self._state_bytes, times[len(times) // 2] if times else 0.0,
+                                    policy.poll_every * (times[len(times) // 2] if times else 0.0))
+
+    def stop_reason(self) -> str:
+        """time_limit or preempted (rank 0's view: it alone watches the clock). A signal in
+        the last minutes before the limit is Slurm's time-limit warning (it may come up to a
+        minute early)."""
+        tl = self.time_limit
+        if tl is not None:
+            left = tl.left()
+            lead = self.t.preemption.signal_lead(self.t.checkpoint.enabled)
+            if tl.hit or (left is not None and left < lead + 90):
+                return "time_limit"
+        return "preempted"
 
     def write_progress(self, p: Progress, step_real: int) -> None:
         m = self.metrics
@@ -455,7 +482,9 @@ class Trainer:
         checksum = self.b.checksum()
         gathered = self.b.allgather_object({
             "loss_sums": m.loss_sums, "checksum": checksum, "host": hostname(),
-            "samples": m.samples, "elapsed": elapsed, "utilisation": self.utilisation})
+            "samples": m.samples, "elapsed": elapsed, "utilisation": self.utilisation,
+            "noticed": self.noticed_step, "signal": self.flag.signal,
+            "after_signal": time.monotonic() - self.flag.at if stop and self.flag.at else None})
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
                     "data_time_s": m.data_times, "param_checksum": checksum}
@@ -467,7 +496,9 @@ class Trainer:
                 zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
         sizes = self.b.gradient_sizes()
         results = Results(
-            job=self.job.name, mode="managed", status=stop or "completed", backend=self.t.backend,
+            job=self.job.name, mode="managed", status=self.stop_reason() if stop else "completed",
+            stop=stop_record(self.stop_reason(), gathered, p.step, self.time_limit) if stop else {},
+            backend=self.t.backend,
             model=self.t.model, world_size=self.b.size, hosts=[g["host"] for g in gathered],
             dataset_samples=n, steps=p.step - p.start_step, start_step=p.start_step,
             final_step=p.step, cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
@@ -487,3 +518,15 @@ class Trainer:
             precision_seen=self.b.precision_seen(),
             gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes))
         return per_rank, results
+
+
+def stop_record(reason: str, gathered: list[dict], step: int, time_limit) -> dict:
+    """How a stop went, for results.json: from the ranks' notes at the report."""
+    signals = [g["signal"] for g in gathered if g.get("signal")]
+    after = [g["after_signal"] for g in gathered if g.get("after_signal") is not None]
+    noticed = [g["noticed"] for g in gathered if g.get("noticed") is not None]
+    left = time_limit.left() if time_limit is not None else None
+    return {"reason": reason, "signal": signals[0] if signals else None,
+            "seconds_after_signal": max(after) if after else None,
+            "steps_after_notice": step - min(noticed) if noticed else None,
+            "seconds_left": left}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..spec import JobSpec, spec_from_dict
-from .signals import FLAG
+from .signals import FLAG, announce_ready
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ def main(job_path: str) -> None:
     FLAG.install([job.train.preemption.signal, "TERM"])
     run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
     rank = rank_from_env()
+    announce_ready(run_dir, rank)
     log_format = f"%(asctime)s rank {rank} %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
@@ -114,7 +115,6 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
     """Write this rank's record; on rank 0 also results.json and the preemption marker that
     the template's requeue logic reads."""
     from ..results import write_json_atomic
-    from .loop import PREEMPTED_MARKER
 
     write_json_atomic(run_dir / f"rank-{per_rank['rank']}.json", per_rank)
     if results is None:
@@ -127,13 +127,21 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
     results.versions["slurm"] = done.stdout.strip() or None
     results.versions["python"] = sys.version.split()[0]
     path = results.write(run_dir)
-    marker = run_dir / PREEMPTED_MARKER
-    if results.status == "preempted":
-        marker.write_text(f"{results.final_step}\n")
-    else:
-        marker.unlink(missing_ok=True)
+    write_stop_marker(run_dir, results.status, results.final_step)
     print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
           f"({results.samples_per_s:.1f} samples/s on {results.world_size} ranks)", flush=True)
+
+
+def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
+    """PREEMPTED ("STEP REASON") when the run stopped with a checkpoint, for the batch
+    script's `hpcsuite attempt end`; removed otherwise."""
+    from ..attempts import PREEMPTED_MARKER
+
+    marker = run_dir / PREEMPTED_MARKER
+    if status in ("preempted", "time_limit"):
+        marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
+    else:
+        marker.unlink(missing_ok=True)
 
 
 def user_traceback(exc: BaseException) -> str:

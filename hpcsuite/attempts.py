@@ -1,0 +1,350 @@
+"""Attempts of one job: what each ended as, restart budgets, and who owns a checkpoint directory.
+
+A job with requeue runs as attempts 0, 1, 2 ... under one job id and one run directory
+(Slurm's ``SLURM_RESTART_COUNT``). The batch script calls ``hpcsuite attempt begin`` before it
+launches the ranks and ``hpcsuite attempt end`` after, and this module keeps the record:
+
+- ``attempts.jsonl`` in the run directory, one line per attempt: ``completed``, ``preempted``
+  (a signal; Slurm's preemption or ``scancel --signal``), ``time_limit`` (stopped before the
+  walltime with a checkpoint), ``failed`` (the ranks failed), ``lost`` (the attempt left no
+  record: a node failure, a kill; Slurm's accounting says which where it has it);
+- the restart budget: preemptions and time limits requeue without limit (they saved their
+  work), failures and lost attempts at most ``train.preemption.max_failures`` times, and a
+  failure the spec or the user's input caused (exit 2) never, as it would fail again;
+- ``OWNER.json`` in the checkpoint directory: the job writing there. A second job that would
+  write into a directory a live job owns is refused (at submit, and again when it starts).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+RECORDS = "attempts.jsonl"
+OWNER = "OWNER.json"
+PREEMPTED_MARKER = "PREEMPTED"         # written by rank 0: "STEP REASON" (reason: signal, time_limit)
+SAVED = ("preempted", "time_limit")    # outcomes that saved their work
+FAILURES = ("failed", "lost")          # outcomes that count against max_failures
+LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+        "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+def checkpoint_root(job, run_dir: Path) -> Path:
+    """Where ``job``'s checkpoints live: train.checkpoint.dir (relative to the submit
+    directory, the ranks' working directory), else beside the job's run directories."""
+    if job.train.checkpoint.dir:
+        return Path(job.train.checkpoint.dir).absolute()
+    return Path(run_dir).absolute().parent / "checkpoints"
+
+
+def attempt_number() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+# ------------------------------------------------------------------- the record
+def read_records(run_dir: str | Path) -> list[dict]:
+    """The attempts recorded in ``run_dir`` (oldest first); a damaged line is a UserError."""
+    path = Path(run_dir) / RECORDS
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not valid JSON ({e.msg}); the attempt records "
+                            "are damaged") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("attempt"), int) \
+                or not isinstance(entry.get("outcome"), str):
+            raise UserError(f"{path}:{number}: not an attempt record (needs attempt and outcome)")
+        out.append(entry)
+    return out
+
+
+def _append(run_dir: Path, entry: dict) -> None:
+    line = json.dumps({"time": dt.datetime.now().isoformat(timespec="seconds"), **entry},
+                      sort_keys=True) + "\n"
+    fd = os.open(Path(run_dir) / RECORDS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Counts:
+    attempts: int
+    completed: int
+    preempted: int        # preempted and time_limit: stopped with their work saved
+    failed: int           # failed and lost
+
+    def describe(self) -> str:
+        parts = [f"{self.attempts} attempt{'s' if self.attempts != 1 else ''}"]
+        if self.preempted:
+            parts.append(f"{self.preempted} preempted or stopped at the time limit")
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        return ", ".join(parts)
+
+
+def counts(records: list[dict]) -> Counts:
+    latest: dict[int, str] = {}
+    for r in records:
+        latest[r["attempt"]] = r["outcome"]
+    outcomes = list(latest.values())
+    return Counts(len(outcomes), outcomes.count("completed"),
+                  sum(o in SAVED for o in outcomes), sum(o in FAILURES for o in outcomes))
+
+
+def _earlier_states(job_id: str) -> list[str]:
+    """Slurm accounting's state of each earlier attempt of ``job_id``, oldest first ([] when
+    the cluster keeps no accounting)."""
+    from . import slurm
+
+    try:
+        done = slurm.call(["sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", "State"],
+                          check=False, timeout=20, env=dict(os.environ))
+    except UserError:
+        return []
+    if done.returncode != 0:
+        return []
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def _lost_outcome(state: str | None) -> tuple[str, str]:
+    if state == "PREEMPTED":
+        return "preempted", "preempted by Slurm"
+    if state == "TIMEOUT":
+        return "lost", "killed at the time limit"
+    if state == "NODE_FAIL":
+        return "lost", "a node failed"
+    return "lost", f"ended without a record (Slurm: {state})" if state else \
+        "ended without a record (killed: a node failure, a requeue or a cancel)"
+
+
+# ------------------------------------------------------------------- begin and end
+def begin(run_dir: Path, job, out=print) -> int:
+    """Before an attempt launches: record earlier attempts that left no record, refuse to run
+    once the failure budget is spent, claim the checkpoint directory. The exit status for the
+    batch script: 0 to go on."""
+    run_dir = Path(run_dir)
+    n = attempt_number()
+    records = read_records(run_dir)
+    known = {r["attempt"] for r in records}
+    missing = [k for k in range(n) if k not in known]
+    if missing:
+        states = _earlier_states(os.environ.get("SLURM_JOB_ID", "")) if os.environ.get("SLURM_JOB_ID") else []
+        for k in missing:
+            outcome, why = _lost_outcome(states[k] if k < len(states) else None)
+            entry = {"attempt": k, "outcome": outcome, "why": why}
+            _append(run_dir, entry)
+            records.append(entry)
+    c = counts(records)
+    budget = job.train.preemption.max_failures
+    if c.failed > budget:
+        out(f"hpcsuite: not starting attempt {n}: {c.failed} failed attempt(s), more than "
+            f"train.preemption.max_failures ({budget}); {c.describe()}")
+        _append(run_dir, {"attempt": n, "outcome": "not_started",
+                          "why": f"failure budget spent ({c.failed} > {budget})"})
+        return 1
+    if job.train.checkpoint.enabled:
+        claim(checkpoint_root(job, run_dir), os.environ.get("SLURM_JOB_ID", ""), run_dir)
+    if n:
+        out(f"hpcsuite: attempt {n} of job {os.environ.get('SLURM_JOB_ID')}: before it, "
+            f"{c.describe()}")
+    return 0
+
+
+def end(run_dir: Path, job, status: int, out=print) -> int:
+    """After the launcher returned ``status``: record the outcome, requeue the job when the
+    spec and the budget allow, release the checkpoint directory otherwise. Returns the exit
+    status for the batch script."""
+    from . import slurm
+
+    run_dir = Path(run_dir)
+    n = attempt_number()
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    pre = job.train.preemption
+    marker = run_dir / PREEMPTED_MARKER
+    step, reason = None, None
+    if status == 0 and marker.is_file():
+        words = marker.read_text().split()
+        step = int(words[0]) if words and words[0].isdigit() else None
+        reason = words[1] if len(words) > 1 else "signal"
+    if step is not None or (status == 0 and marker.is_file()):
+        outcome = "time_limit" if reason == "time_limit" else "preempted"
+    elif status == 0:
+        outcome = "completed"
+    else:
+        outcome = "failed"
+    records = read_records(run_dir)
+    failures = counts(records).failed + (outcome == "failed")
+    requeue, why = False, None
+    if outcome in SAVED:
+        what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
+        if pre.requeue:
+            requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {step}"
+        else:
+            out(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step {step}; not "
+                "requeued (train.preemption.requeue is off): submit the same spec again to resume")
+    elif outcome == "failed":
+        if status == 2:
+            out(f"hpcsuite: attempt {n} failed (exit 2: the job's input is wrong); not requeued, "
+                "it would fail the same way")
+        elif failures <= pre.max_failures:
+            requeue, why = True, (f"attempt {n} failed (exit {status}); failure {failures} of at "
+                                  f"most {pre.max_failures} (train.preemption.max_failures)")
+        elif pre.max_failures:
+            out(f"hpcsuite: attempt {n} failed (exit {status}); not requeued: {failures} failed "
+                f"attempts, more than train.preemption.max_failures ({pre.max_failures})")
+    entry = {"attempt": n, "outcome": outcome, "exit": status, "step": step,
+             "host": socket.gethostname(), "requeued": requeue}
+    _append(run_dir, entry)
+    if requeue:
+        marker.unlink(missing_ok=True)
+        out(f"hpcsuite: {why}; requeueing job {job_id}")
+        done = slurm.call(["scontrol", "requeue", job_id], check=False, timeout=60,
+                          env=dict(os.environ))
+        if done.returncode == 0:
+            return status
+        out(f"hpcsuite: scontrol requeue {job_id} failed: "
+            f"{(done.stderr.strip() or done.stdout.strip() or 'no output').splitlines()[-1]}")
+    if job.train.checkpoint.enabled:
+        release(checkpoint_root(job, run_dir), job_id)
+    return status
+
+
+# ------------------------------------------------------------------- checkpoint ownership
+def _live_state(job_id: str) -> str | None:
+    """The state of ``job_id`` when Slurm still runs or queues it, else None."""
+    from . import slurm
+
+    if not job_id.isdigit():
+        return None
+    done = slurm.call(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False, timeout=30,
+                      env=dict(os.environ))
+    state = done.stdout.strip().split()
+    return state[0] if done.returncode == 0 and state and state[0] in LIVE else None
+
+
+def read_owner(root: Path) -> dict | None:
+    path = Path(root) / OWNER
+    try:
+        owner = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}       # damaged: nobody we can check, so nobody
+    return owner if isinstance(owner, dict) else {}
+
+
+def _refusal(root: Path, owner: dict, state: str) -> UserError:
+    return UserError(f"{root}: checkpoint directory in use by job {owner.get('job_id')} "
+                     f"({state}, run directory {owner.get('run_dir')}); two jobs writing one "
+                     "directory would overwrite each other's checkpoints. Wait for it, cancel it, "
+                     "or set train.checkpoint.dir to another directory")
+
+
+def check_owner(root: Path, job_id: str | None = None) -> None:
+    """Refuse when another job that is still alive owns ``root``."""
+    owner = read_owner(root)
+    if owner and str(owner.get("job_id")) != str(job_id or ""):
+        state = _live_state(str(owner.get("job_id", "")))
+        if state:
+            raise _refusal(root, owner, state)
+
+
+def claim(root: Path, job_id: str, run_dir: Path) -> None:
+    """Make ``job_id`` the owner of ``root`` unless a live job owns it (under a lock, so of
+    two jobs starting at once exactly one gets it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".owner.lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        check_owner(root, job_id)
+        tmp = root / f".{OWNER}.{os.getpid()}"
+        tmp.write_text(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
+                                   "host": socket.gethostname(),
+                                   "since": dt.datetime.now().isoformat(timespec="seconds")}) + "\n")
+        os.replace(tmp, root / OWNER)
+    finally:
+        os.close(fd)
+
+
+def release(root: Path, job_id: str) -> None:
+    owner = read_owner(root)
+    if owner is not None and str(owner.get("job_id")) == str(job_id):
+        (Path(root) / OWNER).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------- before submitting
+def check_before_submit(job, workdir: str | Path) -> None:
+    """Refuse, before sbatch, what would go wrong in the job: a checkpoint directory another
+    live job owns, or one whose newest checkpoint already finished this run (resubmitting it
+    would train 0 steps), or an earlier run's checkpoints under resume: false."""
+    ck = job.train.checkpoint
+    if not ck.enabled:
+        return
+    root = Path(ck.dir) if ck.dir else Path(job.output_dir) / job.name / "checkpoints"
+    root = (Path(workdir) / root).absolute() if not root.is_absolute() else root
+    check_owner(root)
+    newest = newest_checkpoint(root)
+    if newest is None:
+        return
+    path, manifest = newest
+    shown = _shown(root, workdir)
+    if not ck.resume:
+        raise UserError(f"{shown}: holds checkpoints of an earlier run (newest: {path.name}), "
+                        "and train.checkpoint.resume is false: this run's checkpoints would mix "
+                        "with them. Set train.checkpoint.dir to another directory, or remove "
+                        f"{shown} to start over there")
+    t = job.train
+    step, epoch = manifest.get("step"), manifest.get("epoch")
+    finished = (isinstance(epoch, int) and epoch >= t.epochs) or \
+        (t.max_steps is not None and isinstance(step, int) and step >= t.max_steps)
+    if finished:
+        upto = f"train.max_steps {t.max_steps}" if t.max_steps is not None and step >= t.max_steps \
+            else f"train.epochs {t.epochs}"
+        raise UserError(
+            f"{shown}/{path.name}: already holds a finished run of {job.name} (step {step}, "
+            f"{upto} reached); submitting it again would train 0 steps. To train on from it, "
+            f"raise {upto.split()[0]}; for a fresh run, set train.checkpoint.dir to another "
+            f"directory or remove {shown}")
+
+
+def _shown(path: Path, workdir) -> str:
+    try:
+        return str(path.relative_to(Path(workdir).absolute()))
+    except ValueError:
+        return str(path)
+
+
+def newest_checkpoint(root: Path) -> tuple[Path, dict] | None:
+    """The newest complete checkpoint's directory and manifest (read, not verified: the job
+    verifies what it loads); None when there is none."""
+    if not root.is_dir():
+        return None
+    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")
+                   if p.name[5:].isdigit() and p.is_dir())
+    for _, path in reversed(steps):
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(manifest, dict) and (path / "COMMITTED").is_file():
+            return path, manifest
+    return None
