@@ -203,8 +203,8 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
                 "requeued (train.preemption.requeue is off): submit the same spec again to resume")
     elif outcome == "failed":
         if status == 2:
-            out(f"hpcsuite: attempt {n} failed (exit 2: the job's input is wrong); not requeued, "
-                "it would fail the same way")
+            out(f"hpcsuite: attempt {n} failed (exit 2: the error hpcsuite reported above); "
+                "not requeued, it would fail the same way")
         elif failures <= pre.max_failures:
             requeue, why = True, (f"attempt {n} failed (exit {status}); failure {failures} of at "
                                   f"most {pre.max_failures} (train.preemption.max_failures)")

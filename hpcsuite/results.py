@@ -161,7 +161,7 @@ class Results:
         with a summary of every attempt of the job (a requeued job keeps its run directory)."""
         run_dir = Path(run_dir)
         write_json_atomic(run_dir / attempt_file(self.attempt), {**self.to_json(), "attempts": []})
-        self.attempts = attempt_summaries(run_dir)
+        self.attempts = attempt_summaries(run_dir, strict=False)
         path = run_dir / RESULTS
         write_json_atomic(path, self.to_json())
         return path
@@ -179,17 +179,25 @@ def attempt_file(attempt: int) -> str:
     return f"results-attempt-{attempt}.json"
 
 
-def attempt_summaries(run_dir: str | Path) -> list[dict]:
+def attempt_summaries(run_dir: str | Path, strict: bool = True) -> list[dict]:
     """The summary of each attempt's results-attempt-N.json in ``run_dir``, by attempt; a
-    damaged one is a UserError naming it."""
+    damaged one is a UserError naming it (``strict``) or a summary saying so."""
+    from .errors import UserError
+
     found = []
     for path in Path(run_dir).glob("results-attempt-*.json"):
         number = path.name[len("results-attempt-"):-len(".json")]
         if number.isdigit():
             found.append((int(number), path))
     out = []
-    for _, path in sorted(found):
-        data = Results.load(path).to_json()
+    for number, path in sorted(found):
+        try:
+            data = Results.load(path).to_json()
+        except UserError as e:
+            if strict:
+                raise
+            out.append({"attempt": number, "status": "damaged", "problem": str(e)})
+            continue
         out.append({k: data.get(k) for k in SUMMARY_KEYS})
     return out
 

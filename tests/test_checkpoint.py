@@ -139,3 +139,58 @@ def test_scalars_keep_their_shape(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(1, {"optimizer": {"iteration": np.asarray(np.int64(7))}}, {})
     assert store.latest().tensors["optimizer"]["iteration"].shape == ()
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
+    from hpcsuite.runtime.checkpoint import CheckpointError
+
+    store = CheckpointStore(tmp_path, keep=2)
+    save(store, 1)
+    save(store, 2)
+    (tmp_path / "step-00000002" / "model.safetensors").write_bytes(b"torn")
+    assert store.latest().step == 1                       # a damaged newer one: the older one
+    (tmp_path / "step-00000001" / MANIFEST).write_text("{")
+    with pytest.raises(CheckpointError, match=r"step-00000002/model.safetensors: 4 bytes.*no "
+                                              r"intact checkpoint in .* \(2 damaged\)"):
+        store.latest()
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    import errno
+
+    from hpcsuite.runtime import checkpoint
+    from hpcsuite.runtime.checkpoint import CheckpointError
+
+    store = CheckpointStore(tmp_path, keep=1)
+    save(store, 1)
+    real = checkpoint.write_hashed
+
+    def full(path, data, hash_it=True):
+        if path.name == "optimizer.safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data, hash_it)
+
+    monkeypatch.setattr(checkpoint, "write_hashed", full)
+    with pytest.raises(CheckpointError, match=r"optimizer.safetensors: saving the checkpoint of "
+                                              r"step 2 failed: No space left on device; the "
+                                              r"previous checkpoint .*step-00000001 is intact"):
+        save(store, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]   # no torn leftovers
+    assert store.latest().step == 1
+
+
+def test_time_left_parsing_and_the_measured_stop():
+    from hpcsuite.runtime.timelimit import TimeLimit, parse_time_left
+
+    assert [parse_time_left(t) for t in ("1-02:03:04", "2:03:04", "3:04", "UNLIMITED",
+                                         "NOT_SET", "", "5")] == \
+        [93784.0, 7384.0, 184.0, None, None, None, None]
+    tl = TimeLimit(100.0, now=0.0)
+    # No save measured yet: 1 s + 3 MB at 50 MB/s, twice, + 2 votes of 0.25 s + 2 steps + exit.
+    need = TimeLimit.needed([], 3_000_000, 0.1, 0.25)
+    assert need == pytest.approx(2 * 1.06 + 0.5 + 0.2 + 10.0)
+    assert not tl.near([], 3_000_000, 0.1, 0.25, now=100.0 - need - 0.01)
+    assert tl.near([], 3_000_000, 0.1, 0.25, now=100.0 - need + 0.01)
+    # A measured 20 s save moves the stop 40 s earlier.
+    assert TimeLimit(100.0, now=0.0).near([20.0, 3.0], 0, 0.1, 0.25, now=100.0 - 50.0)
+    assert TimeLimit(None).near([], 0, 0.1, 0.25) is False

@@ -162,8 +162,17 @@ def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: 
         emit_json(payload)
     if not state.ok:
         log = jobs.log_path(state) or Path(run_dir).parent / f"slurm-{job_id}.out"
+        tail = jobs.tail(log)
+        if (state.exit_code or "").startswith("2:"):
+            # The job ended on an error hpcsuite reported (bad input, a damaged file): that
+            # one line first, and exit 2 as for any input error.
+            reported = [l for l in tail.splitlines() if l.startswith("error: ")]
+            e = JobFailed(f"job {job_id} ended {state.state}: {reported[0][7:] if reported else 'exit 2'}"
+                          f"\nlast lines of {log}:\n{tail}")
+            e.exit_code = 2
+            raise e
         raise JobFailed(f"job {job_id} ended {state.state} (exit {state.exit_code}); "
-                        f"last lines of {log}:\n{jobs.tail(log)}")
+                        f"last lines of {log}:\n{tail}")
     if not as_json:
         click.echo(summarize(run_dir) if results is not None else
                    f"job {job_id} completed; no results.json in {run_dir}")

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UserError
+
 log = logging.getLogger(__name__)
 
 FORMAT = "hpcsuite-checkpoint/1"
@@ -40,8 +42,9 @@ MANIFEST = "manifest.json"
 CHUNK = 32 << 20
 
 
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used (message says which file and why)."""
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used or saved (the message says which file and why): the
+    rank ends with exit 2 and that one line."""
 
 
 @dataclass(frozen=True)
@@ -105,15 +108,40 @@ class CheckpointStore:
 
     # ---------------------------------------------------------------- saving
     def save(self, step: int, tensors: dict[str, dict[str, np.ndarray]], manifest: dict) -> Saved:
-        from safetensors.numpy import save as to_bytes
-
         t0 = time.perf_counter()
         self.root.mkdir(parents=True, exist_ok=True)
         self._clean_stale_tmp()
         name = f"step-{step:08d}"
         tmp = self.root / f".tmp-{name}-{socket.gethostname()}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        try:
+            tmp.mkdir()
+            total, files = self._write(tmp, step, tensors, manifest)
+        except OSError as e:
+            # A full disk or quota, an I/O error: the new checkpoint is incomplete, so it
+            # goes; the ones before it are untouched (nothing is renamed or pruned until
+            # the new one is whole).
+            shutil.rmtree(tmp, ignore_errors=True)
+            kept = next((p.name for p in self._candidates() if (p / MARKER).is_file()), None)
+            raise CheckpointError(
+                f"{e.filename or tmp}: saving the checkpoint of step {step} failed: "
+                f"{e.strerror or e}; " + (f"the previous checkpoint {self.root / kept} is intact"
+                                         if kept else "there is no earlier checkpoint")) from None
+        final = self.root / name
+        if final.exists():                       # the same step saved again (after a resume)
+            trash = self.root / f".trash-{name}-{os.getpid()}"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(self.root)
+        self._prune()
+        return Saved(final, time.perf_counter() - t0, total)
+
+    def _write(self, tmp: Path, step: int, tensors, manifest: dict) -> tuple[int, dict]:
+        from safetensors.numpy import save as to_bytes
+
         files = {}
         total = 0
         for group, arrays in tensors.items():
@@ -128,17 +156,7 @@ class CheckpointStore:
         write_hashed(tmp / MANIFEST, text, hash_it=False)
         write_hashed(tmp / MARKER, hashlib.sha256(text).hexdigest().encode() + b"\n", hash_it=False)
         _fsync_dir(tmp)
-        final = self.root / name
-        if final.exists():                       # the same step saved again (after a resume)
-            trash = self.root / f".trash-{name}-{os.getpid()}"
-            os.rename(final, trash)
-            os.rename(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_dir(self.root)
-        self._prune()
-        return Saved(final, time.perf_counter() - t0, total)
+        return total, files
 
     def _prune(self) -> None:
         good = [p for p in self._candidates() if (p / MARKER).is_file()]
@@ -210,12 +228,21 @@ class CheckpointStore:
         return Loaded(path, manifest, tensors)
 
     def latest(self) -> Loaded | None:
-        """The newest checkpoint that verifies; bad ones are skipped with a warning."""
+        """The newest checkpoint that verifies; a damaged newer one is skipped with a warning.
+        None only where there is no checkpoint at all: when every one is damaged, a
+        CheckpointError naming the newest (a fresh start would silently lose the run)."""
+        problems = []
         for path in self._candidates():
             try:
                 return self.load(path)
             except CheckpointError as e:
                 log.warning("skipping checkpoint: %s", e)
+                problems.append(str(e))
+        if problems:
+            raise CheckpointError(
+                f"{problems[0]}; no intact checkpoint in {self.root} "
+                f"({len(problems)} damaged) to resume from. To start over, move the directory "
+                "away or set train.checkpoint.resume: false with another train.checkpoint.dir")
         return None
 
     def describe(self) -> list[dict]:

@@ -1,0 +1,135 @@
+"""The attempt records and restart decisions the batch script asks for (hpcsuite.attempts).
+
+Slurm's side (scontrol requeue, squeue, sacct) is replaced by a recorder here; the same paths
+run for real in test_e2e_reliability.py."""
+
+import json
+
+import pytest
+
+from hpcsuite import attempts, slurm
+from hpcsuite.errors import UserError
+from hpcsuite.results import Results, attempt_summaries
+from hpcsuite.spec import spec_from_dict
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+
+    def fake(argv, **kw):
+        seen.append(argv)
+        out = ""
+        if argv[0] == "squeue":
+            out = seen_state.get(argv[3], "")
+        return slurm.Completed(list(argv), 0, out, "")
+
+    seen_state: dict[str, str] = {}
+    monkeypatch.setattr(slurm, "call", fake)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    return seen, seen_state
+
+
+def job(**pre):
+    return spec_from_dict({"name": "a", "train": {"checkpoint": {"every_steps": 5},
+                                                   "preemption": pre}}, "t")
+
+
+def end(run_dir, j, status, attempt, monkeypatch, marker=None):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", str(attempt))
+    if marker:
+        (run_dir / attempts.PREEMPTED_MARKER).write_text(marker)
+    lines = []
+    code = attempts.end(run_dir, j, status, out=lines.append)
+    return code, lines
+
+
+def test_preemptions_requeue_without_limit_failures_up_to_the_budget(tmp_path, calls, monkeypatch):
+    seen, _ = calls
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    j = job(requeue=True, max_failures=1)
+    for k in range(5):                                      # five preemptions: five requeues
+        code, lines = end(run, j, 0, k, monkeypatch, marker=f"{10 * (k + 1)} signal\n")
+        assert code == 0 and "requeueing job 42" in lines[-1]
+    code, lines = end(run, j, 0, 5, monkeypatch, marker="60 time_limit\n")
+    assert "stopped before the time limit after saving a checkpoint at step 60" in lines[-1]
+    code, lines = end(run, j, 1, 6, monkeypatch)            # the first failure: requeued
+    assert code == 1 and "failure 1 of at most 1" in lines[-1]
+    code, lines = end(run, j, 1, 7, monkeypatch)            # the second: budget spent
+    assert "not requeued: 2 failed attempts" in lines[-1]
+    assert sum(argv[:2] == ["scontrol", "requeue"] for argv in seen) == 7
+    c = attempts.counts(attempts.read_records(run))
+    assert (c.attempts, c.preempted, c.failed, c.completed) == (8, 6, 2, 0)
+    # An input error (exit 2) is never retried, whatever the budget.
+    code, lines = end(run, job(max_failures=5), 2, 8, monkeypatch)
+    assert code == 2 and "not requeued, it would fail the same way" in lines[-1]
+
+
+def test_begin_counts_attempts_that_left_no_record_and_stops_at_the_budget(tmp_path, calls, monkeypatch):
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")          # attempt 0 died with its node
+    lines = []
+    assert attempts.begin(run, job(max_failures=1), out=lines.append) == 0
+    assert attempts.read_records(run)[0]["outcome"] == "lost"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")          # and attempt 1 too: over budget
+    assert attempts.begin(run, job(max_failures=1), out=lines.append) == 1
+    assert "not starting attempt 2: 2 failed attempt(s)" in lines[-1]
+
+
+def test_a_live_job_owning_the_checkpoint_directory_refuses_another(tmp_path, calls, monkeypatch):
+    _, states = calls
+    root = tmp_path / "ck"
+    attempts.claim(root, "41", tmp_path / "runs" / "41")
+    states["41"] = "RUNNING"
+    with pytest.raises(UserError, match=r"ck: checkpoint directory in use by job 41 \(RUNNING"):
+        attempts.claim(root, "42", tmp_path / "runs" / "42")
+    attempts.claim(root, "41", tmp_path / "runs" / "41")    # its own requeued attempt: fine
+    states.clear()                                          # job 41 is gone: 42 takes over
+    attempts.claim(root, "42", tmp_path / "runs" / "42")
+    assert attempts.read_owner(root)["job_id"] == "42"
+    attempts.release(root, "42")
+    assert attempts.read_owner(root) is None
+
+
+def test_damaged_attempt_records_name_the_file_and_line(tmp_path):
+    (tmp_path / attempts.RECORDS).write_text('{"attempt": 0, "outcome": "failed"}\n{"attempt": 1, "outc')
+    with pytest.raises(UserError, match=r"attempts.jsonl:2: not valid JSON"):
+        attempts.read_records(tmp_path)
+    (tmp_path / attempts.RECORDS).write_text('[1, 2]\n')
+    with pytest.raises(UserError, match=r"attempts.jsonl:1: not an attempt record"):
+        attempts.read_records(tmp_path)
+
+
+def test_each_attempt_keeps_its_results_and_results_json_sums_them_up(tmp_path):
+    for k, (start, final, status) in enumerate([(0, 40, "preempted"), (40, 90, "time_limit"),
+                                                (90, 120, "completed")]):
+        Results(job="a", attempt=k, status=status, start_step=start, final_step=final,
+                steps=final - start).write(tmp_path)
+    whole = Results.load(tmp_path / "results.json")
+    assert [(a["attempt"], a["status"], a["final_step"]) for a in whole.attempts] == \
+        [(0, "preempted", 40), (1, "time_limit", 90), (2, "completed", 120)]
+    assert Results.load(tmp_path / "results-attempt-0.json").final_step == 40
+    (tmp_path / "results-attempt-1.json").write_text('{"job": "a", "final_st')
+    with pytest.raises(UserError, match=r"results-attempt-1.json:1: not valid JSON"):
+        attempt_summaries(tmp_path)
+    Results(job="a", attempt=3, final_step=130).write(tmp_path)   # in the job: noted, not fatal
+    assert json.loads((tmp_path / "results.json").read_text())["attempts"][1]["status"] == "damaged"
+
+
+def test_submit_refuses_a_finished_checkpoint_and_mixing_with_an_earlier_run(tmp_path, calls):
+    root = tmp_path / "runs" / "a" / "checkpoints" / "step-00000020"
+    root.mkdir(parents=True)
+    (root / "manifest.json").write_text(json.dumps({"step": 20, "epoch": 1}))
+    (root / "COMMITTED").write_text("x\n")
+    finished = spec_from_dict({"name": "a", "train": {"epochs": 1, "checkpoint": {"every_steps": 5}}}, "t")
+    with pytest.raises(UserError, match=r"runs/a/checkpoints/step-00000020: already holds a "
+                                        r"finished run of a \(step 20, train.epochs 1 reached\)"):
+        attempts.check_before_submit(finished, tmp_path)
+    more = spec_from_dict({"name": "a", "train": {"epochs": 2, "checkpoint": {"every_steps": 5}}}, "t")
+    attempts.check_before_submit(more, tmp_path)            # more epochs: it resumes
+    fresh = spec_from_dict({"name": "a", "train": {"epochs": 2, "checkpoint": {
+        "every_steps": 5, "resume": False}}}, "t")
+    with pytest.raises(UserError, match="holds checkpoints of an earlier run"):
+        attempts.check_before_submit(fresh, tmp_path)
