@@ -145,14 +145,19 @@ class Run:
 
         choice = None
         if self.rank == 0 and self.t.checkpoint.resume:
-            loaded = self.store.latest()
-            if loaded is not None:
-                wrote = loaded.manifest.get("script")
-                if wrote != self.t.script:
-                    raise UserError(f"{loaded.path}: written by train.script {wrote!r}, this job "
-                                    f"runs {self.t.script!r}; use another checkpoint.dir")
-                choice = str(loaded.path)
+            try:
+                loaded = self.store.latest()
+                if loaded is not None:
+                    wrote = loaded.manifest.get("script")
+                    if wrote != self.t.script:
+                        raise UserError(f"{loaded.path}: written by train.script {wrote!r}, this "
+                                        f"job runs {self.t.script!r}; use another checkpoint.dir")
+                    choice = str(loaded.path)
+            except UserError as e:     # every rank stops on it, none waits for rank 0
+                choice = {"error": str(e)}
         choice = self.hvd.broadcast_object(choice, root_rank=0, name="hpcsuite.api.restore")
+        if isinstance(choice, dict):
+            raise UserError(choice["error"])
         if choice is None:
             return None
         loaded = self.store.load(Path(choice))

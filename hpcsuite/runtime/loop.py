@@ -20,6 +20,7 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
+from ..attempts import checkpoint_root  # noqa: F401 (api imports it from here)
 from ..errors import UserError
 from ..results import Results, step_stats, write_progress
 from ..spec import JobSpec
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 POLL_STEPS = 10            # the interval until the step time is known
 VOTE_SECONDS = 0.25
 MAX_POLL_STEPS = 1000
-from ..attempts import PREEMPTED_MARKER, checkpoint_root  # noqa: E402,F401 (api, train use them)
 LOG_SECONDS = 30
 PROGRESS_SECONDS = 2.0     # rank 0 rewrites progress.json at most this often (at a vote)
 
@@ -219,14 +219,19 @@ class Trainer:
     def restore(self) -> Progress:
         info = None
         if self.b.rank == 0 and self.t.checkpoint.resume:
-            loaded = self.store.latest()
-            if loaded is not None:
-                _compatible(self.job, loaded.manifest, loaded.path)
-                self._load(loaded)
-                m = loaded.manifest
-                info = {"step": m["step"], "cursor": m["cursor"], "path": str(loaded.path)}
-                log.info("resuming from %s (step %d)", loaded.path, m["step"])
+            try:
+                loaded = self.store.latest()
+                if loaded is not None:
+                    _compatible(self.job, loaded.manifest, loaded.path)
+                    self._load(loaded)
+                    m = loaded.manifest
+                    info = {"step": m["step"], "cursor": m["cursor"], "path": str(loaded.path)}
+                    log.info("resuming from %s (step %d)", loaded.path, m["step"])
+            except UserError as e:     # every rank stops on it, none waits for rank 0
+                info = {"error": str(e)}
         info = self.b.broadcast_object(info)
+        if info is not None and "error" in info:
+            raise UserError(info["error"])
         self.b.broadcast_state()     # rank 0's parameters and optimizer state, loaded or fresh
         if info is None:
             return Progress()

@@ -104,10 +104,11 @@ def run_managed(job: JobSpec, run_dir: Path) -> None:
     from .loop import Trainer
 
     backend = make_backend(job)
-    try:
-        per_rank, results = Trainer(job, run_dir, backend).run()
-    finally:
-        backend.shutdown()
+    # No shutdown on an error: the failing rank reports first (fail()), then ends; shutting
+    # Horovod down before that would fail the other ranks' collectives with Horovod's own
+    # traceback ahead of the real error.
+    per_rank, results = Trainer(job, run_dir, backend).run()
+    backend.shutdown()
     finish(run_dir, per_rank, results)
 
 
