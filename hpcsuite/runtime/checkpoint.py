@@ -197,7 +197,7 @@ class CheckpointStore:
             text = (path / MANIFEST).read_bytes()
         except OSError as e:
             raise CheckpointError(f"{path / MANIFEST}: unreadable ({e.strerror})") from None
-        if hashlib.sha256(text).hexdigest() != marker.read_text().strip():
+        if hashlib.sha256(text).hexdigest().encode() != marker.read_bytes().strip():
             raise CheckpointError(f"{path / MANIFEST}: does not match its {MARKER} marker")
         try:
             manifest = json.loads(text)

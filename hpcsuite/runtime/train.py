@@ -33,6 +33,10 @@ def load_job(path: str) -> JobSpec:
         raise UserError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object (the resolved job)")
     return spec_from_dict(data, path)
 
 
