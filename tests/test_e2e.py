@@ -43,8 +43,10 @@ def test_failing_job_exits_nonzero_with_log_tail(local_cluster, tmp_path):
                     "train: {model: nosuchmodel, max_steps: 1}\n")
     proc = run_cli("submit", str(spec), "--wait", "--timeout", "300", cwd=tmp_path, env=env,
                    timeout=400)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "ended FAILED" in proc.stderr and "unknown model 'nosuchmodel'" in proc.stderr
+    # The job ended on an error in its input: exit 2, that error first.
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ended FAILED: unknown model 'nosuchmodel'" in proc.stderr
+    assert "last lines of" in proc.stderr
 
 
 def test_status_and_logs_of_finished_job(local_cluster, tmp_path):

@@ -96,7 +96,7 @@ def test_torch_stop_resume_and_shrink_to_one_rank(local_cluster, tmp_path):
     assert second["loss"][0] < first["loss"][0]          # it continued, it did not restart
     runs = [d for d in (tmp_path / "runs" / "resume").iterdir() if d.name.isdigit()]
     assert_each_sample_once(runs, 1000, 3)
-    kept = sorted(p.name for p in (tmp_path / "runs" / "resume" / "checkpoints").iterdir())
+    kept = sorted(p.name for p in (tmp_path / "runs" / "resume" / "checkpoints").glob("step-*"))
     assert len(kept) == 2 and kept[-1] == f"step-{second['final_step']:08d}"
 
 

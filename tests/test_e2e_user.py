@@ -171,7 +171,7 @@ def test_a_model_that_does_not_fit_the_data_says_so_in_one_line(local_cluster, t
     cluster, env = local_cluster
     (tmp_path / "net.py").write_text(RAISES)
     spec = "name: width\ntrain: {model: net.py:wrong_width, data: {shape: [16], classes: 4}}\n"
-    submit_spec(env, tmp_path, spec, expect=1)
+    submit_spec(env, tmp_path, spec, expect=2)      # an input error, as on the login node
     log = next((tmp_path / "runs" / "width").glob("slurm-*.out")).read_text()
     assert ("error: train.model: net.py:wrong_width gives outputs of shape [2, 7] for a batch of 2 "
             "inputs of shape [16]; the data needs [2, 4] (4 classes)") in log

@@ -49,7 +49,9 @@ def render(spec, profile_path, template_dir, sets, as_json):
 @template_dir_option
 @set_option
 @click.option("--dry-run", is_flag=True, help="Print the script and sbatch command; submit nothing.")
-@click.option("--wait", is_flag=True, help="Follow the job to its end; exit 1 if it failed.")
+@click.option("--wait", is_flag=True,
+              help="Follow the job to its end; exit 1 if it failed, 2 if it failed on an input "
+                   "error, 3 if it stopped after saving a checkpoint.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
 @click.option("--hold", is_flag=True,
               help="Submit the job held: it starts after `scontrol release JOBID`.")
@@ -60,8 +62,10 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
     Every submit is recorded in .hpcsuite/runs.jsonl in this directory (`hpcsuite runs`); the
     run directory keeps the rendered script, the resolved job and site profile. With --wait,
     follow the job (on a terminal one line of state, step, throughput and loss, rewritten in
-    place) and exit with its outcome: 0 completed, 1 failed, 3 stopped early after a
-    checkpoint (submit again to resume)."""
+    place) and exit with its outcome: 0 completed, 1 failed, 2 failed on an error in its input
+    (that error first), 3 stopped early or before its time limit after a checkpoint (submit
+    again to resume). Refused before sbatch: a checkpoint directory another live job writes,
+    or one whose checkpoint already finished this run."""
     import dataclasses
 
     from ..plan import submit as do_submit
