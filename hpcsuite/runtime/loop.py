@@ -33,12 +33,12 @@ from .signals import FLAG, StopFlag
 log = logging.getLogger(__name__)
 
 # Ranks agree on time- and signal-driven decisions (checkpoint now, stop now) through one tiny
-# allreduce (a "vote") posted at a step and read at the next vote step: it runs alongside the
-# gradient traffic instead of stalling a step, and every rank acts on the same step because
-# every rank posts and reads at the same steps. A vote costs a step's worth of Horovod calls
-# (~0.5 ms of CPU in PyTorch), so the votes are spaced by time: each vote also carries every
-# rank's proposal for the next interval (about VOTE_SECONDS of steps), and all ranks adopt the
-# smallest. Agreement then takes one to two intervals, whatever the step time.
+# allreduce (a "vote") posted after a step and read after the next one: it travels with that
+# step's gradient traffic instead of stalling a step, and every rank acts on the same step
+# because every rank posts and reads at the same steps. A vote costs a step's worth of Horovod
+# calls (~0.5 ms of CPU in PyTorch), so the votes are spaced by time: each vote also carries
+# every rank's proposal for the next interval (about VOTE_SECONDS of steps), and all ranks adopt
+# the smallest. A stop then takes effect at most one interval and one step after the signal.
 POLL_STEPS = 10            # the interval until the step time is known
 VOTE_SECONDS = 0.25
 MAX_POLL_STEPS = 1000
@@ -122,11 +122,14 @@ class Policy:
         median = recent[len(recent) // 2]
         return max(1, min(MAX_POLL_STEPS, int(seconds / max(median, 1e-6))))
 
-    def polled(self, step: int, agreed_every: int | None) -> None:
-        """A vote was read (with the ranks' agreed interval, if one was voted) and posted."""
-        if agreed_every:
-            self.poll_every = agreed_every
+    def polled(self, step: int) -> None:
+        """A vote was posted at ``step``."""
         self.next_poll = step + self.poll_every
+
+    def agreed(self, posted: int, every: int) -> None:
+        """The vote posted at step ``posted`` was read: the ranks' interval from there."""
+        self.poll_every = max(1, every)
+        self.next_poll = posted + self.poll_every
 
     def time_to_save(self, now: float) -> bool:
         minutes = self.t.checkpoint.every_minutes
@@ -284,6 +287,7 @@ class Trainer:
                      f" (+{len(held)} held out)" if held is not None else "",
                      sharder.steps_per_epoch(), p.step, p.cursor.epoch, p.cursor.consumed)
         self.poll = None
+        self.poll_step = p.start_step
         stop = None
         self.sampler = self.start_sampler(p)
         mon = self.t.monitor
@@ -396,21 +400,23 @@ class Trainer:
         save = False
         if self.timeline is not None:
             self.timeline.step(p.step)
-        if policy.poll_due(p.step):
+        if self.poll is not None and p.step > self.poll_step:
+            # The vote posted after the previous step went with this step's gradients.
+            wants_stop, wants_save, smallest = self.b.poll_result(self.poll)
+            self.poll = None
+            stop = "preempted" if wants_stop else None
+            save = bool(wants_stop or wants_save)
+            policy.agreed(self.poll_step, -smallest)   # sent negated: Max over ranks is the min
+        if stop is None and self.poll is None and policy.poll_due(p.step):
             self.settle_losses()
-            agreed = None
-            if self.poll is not None:
-                wants_stop, wants_save, smallest = self.b.poll_result(self.poll)
-                stop = "preempted" if wants_stop else None
-                save = bool(wants_stop or wants_save)
-                agreed = -smallest          # sent negated: Max over ranks is their minimum
             wants_stop = self.flag.raised or self.time_limit_near(policy)
             if wants_stop and self.noticed_step is None:
                 self.noticed_step = p.step
             self.poll = self.b.poll_start([int(wants_stop),
                                            int(policy.time_to_save(time.monotonic())),
                                            -policy.propose_interval(self.metrics.step_times)])
-            policy.polled(p.step, agreed)
+            self.poll_step = p.step
+            policy.polled(p.step)
             if self.b.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS:
                 self.write_progress(p, step_real)
         if policy.save_due(p.step, save):
