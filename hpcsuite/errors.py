@@ -26,6 +26,12 @@ class JobFailed(Exception):
     exit_code = 1
 
 
+class JobInputFailed(JobFailed):
+    """A submitted job ended on an input error hpcsuite reported in the job (exit code 2)."""
+
+    exit_code = 2
+
+
 class JobPreempted(JobFailed):
     """A job stopped early after saving a checkpoint (exit code 3): submit again to resume."""
 

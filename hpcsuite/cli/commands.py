@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from . import FilePath, emit_json, main, profile_option, set_option, template_dir_option
-from ..errors import JobFailed, JobPreempted, UserError
+from ..errors import JobFailed, JobInputFailed, JobPreempted, UserError
 
 spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
 def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()):
@@ -171,10 +171,9 @@ def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: 
             # The job ended on an error hpcsuite reported (bad input, a damaged file): that
             # one line first, and exit 2 as for any input error.
             reported = [l for l in tail.splitlines() if l.startswith("error: ")]
-            e = JobFailed(f"job {job_id} ended {state.state}: {reported[0][7:] if reported else 'exit 2'}"
-                          f"\nlast lines of {log}:\n{tail}")
-            e.exit_code = 2
-            raise e
+            raise JobInputFailed(f"job {job_id} ended {state.state}: "
+                                 f"{reported[0][7:] if reported else 'exit 2'}\n"
+                                 f"last lines of {log}:\n{tail}")
         raise JobFailed(f"job {job_id} ended {state.state} (exit {state.exit_code}); "
                         f"last lines of {log}:\n{tail}")
     if not as_json:
@@ -211,11 +210,10 @@ def status(run, as_json):
     State, elapsed time, exit code, requeues and MaxRSS (from Slurm accounting, sacct, where
     the cluster keeps it; else from the controller or its job completion log), and from the run
     directory the latest step, epoch, throughput and loss (while it runs) or the results (when
-    it has finished)."""
-    from .. import jobs
+    it has finished), what stopped it, and its attempts (a requeued job: how many were
+    preempted or stopped at the time limit, how many failed, how the last one ended)."""
+    from .. import attempts, jobs
     from ..results import RESULTS, Results, read_progress
-
-    from .. import attempts
 
     job_id, entry = _find_run(run)
     state = jobs.query(job_id)
