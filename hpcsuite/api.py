@@ -283,13 +283,10 @@ class Run:
                                      self.vote_seconds)
 
     def _reason(self) -> str:
-        tl = self._time_limit
-        if tl is not None:
-            left = tl.left()
-            lead = self.t.preemption.signal_lead(self.t.checkpoint.enabled)
-            if tl.hit or (left is not None and left < lead + 90):
-                return "time_limit"
-        return "preempted"
+        from .runtime.timelimit import stop_reason
+
+        return stop_reason(self._time_limit,
+                           self.t.preemption.signal_lead(self.t.checkpoint.enabled))
 
     def checkpoint_due(self) -> bool:
         """Whether this step should be saved: every train.checkpoint.every_steps, or when the

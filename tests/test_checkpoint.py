@@ -194,3 +194,14 @@ def test_time_left_parsing_and_the_measured_stop():
     # A measured 20 s save moves the stop 40 s earlier.
     assert TimeLimit(100.0, now=0.0).near([20.0, 3.0], 0, 0.1, 0.25, now=100.0 - 50.0)
     assert TimeLimit(None).near([], 0, 0.1, 0.25) is False
+
+
+def test_a_stop_is_for_the_time_limit_when_the_clock_said_so_or_the_signal_came_near_it():
+    from hpcsuite.runtime.timelimit import TimeLimit, stop_reason
+
+    assert stop_reason(None, 30) == "preempted"
+    assert stop_reason(TimeLimit(3600.0), 30) == "preempted"        # a signal an hour before
+    assert stop_reason(TimeLimit(100.0), 30) == "time_limit"        # Slurm's warning, early
+    watched = TimeLimit(3600.0)
+    watched.hit = True
+    assert stop_reason(watched, 30) == "time_limit"

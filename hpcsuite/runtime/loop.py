@@ -441,16 +441,10 @@ class Trainer:
                                     policy.poll_every * (times[len(times) // 2] if times else 0.0))
 
     def stop_reason(self) -> str:
-        """time_limit or preempted (rank 0's view: it alone watches the clock). A signal in
-        the last minutes before the limit is Slurm's time-limit warning (it may come up to a
-        minute early)."""
-        tl = self.time_limit
-        if tl is not None:
-            left = tl.left()
-            lead = self.t.preemption.signal_lead(self.t.checkpoint.enabled)
-            if tl.hit or (left is not None and left < lead + 90):
-                return "time_limit"
-        return "preempted"
+        from .timelimit import stop_reason
+
+        return stop_reason(self.time_limit,
+                           self.t.preemption.signal_lead(self.t.checkpoint.enabled))
 
     def write_progress(self, p: Progress, step_real: int) -> None:
         m = self.metrics

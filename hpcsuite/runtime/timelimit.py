@@ -85,3 +85,14 @@ class TimeLimit:
                          self.needed(save_seconds, state_bytes, step_seconds, vote_seconds))
             self.hit = True
         return self.hit
+
+
+def stop_reason(time_limit: "TimeLimit | None", signal_lead: int) -> str:
+    """time_limit or preempted, from rank 0's view (it alone watches the clock): its own stop
+    for the time limit, or a signal in the last minutes before it, which is Slurm's time-limit
+    warning (Slurm may send it up to a minute early)."""
+    if time_limit is not None:
+        left = time_limit.left()
+        if time_limit.hit or (left is not None and left < signal_lead + 90):
+            return "time_limit"
+    return "preempted"
