@@ -59,3 +59,54 @@ def test_npy_needs_a_directory(tmp_path):
         NpyShards(Data(kind="npy"), 0)
     with pytest.raises(UserError, match="is not a directory"):
         NpyShards(Data(kind="npy", path=str(tmp_path / "nope")), 0)
+
+
+def _batches(ids_per_batch):
+    from hpcsuite.runtime.sharding import Batch, Cursor
+    return [Batch(ids=np.asarray(ids), weights=np.ones(len(ids), np.float32), real=len(ids),
+                  step_real=len(ids), last_in_step=True, cursor=Cursor(0, 0))
+            for ids in ids_per_batch]
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "npy", "subset"])
+def test_reading_into_buffers_gives_the_same_samples(tmp_path, kind):
+    from hpcsuite.runtime.data import Buffers, Subset, read_block
+
+    rng = np.random.default_rng(3)
+    data = Synthetic(Data(samples=120, shape=[5], classes=4), 1)
+    if kind == "npy":
+        write_shards(tmp_path, data.x, data.y, shards=3)
+        data = open_data(Data(kind="npy", path=str(tmp_path)), 0)
+    elif kind == "subset":
+        data = Subset(data, np.sort(rng.permutation(120)[:90]))
+    buffers = Buffers()
+    for ids in ([np.sort(rng.permutation(len(data))[:8]) for _ in range(3)]
+                + [rng.permutation(len(data))[:8]]):           # unsorted ids too
+        group = _batches([ids[:4], ids[4:]])
+        fresh, reused = read_block(data, group), read_block(data, group, buffers)
+        np.testing.assert_array_equal(reused.x, fresh.x)
+        np.testing.assert_array_equal(reused.y, fresh.y)
+        assert reused.y.dtype == fresh.y.dtype == np.int64
+
+
+def test_a_buffer_is_used_again_only_when_nothing_refers_to_it():
+    import torch
+    from hpcsuite.runtime.data import Buffers, read_block
+
+    data = Synthetic(Data(samples=64, shape=[3], classes=2), 0)
+    buffers = Buffers(most=2)
+    first = read_block(data, _batches([np.arange(4)]), buffers)
+    held = torch.from_numpy(first.x).unbind(0)[0]        # a view a model might keep
+    base = id(first.x.base)          # an id: a reference here would keep the array busy
+    del first
+    second = read_block(data, _batches([np.arange(4, 8)]), buffers)
+    assert id(second.x.base) != base                     # still referred to: not reused
+    np.testing.assert_array_equal(held.numpy(), data.x[:4])
+    del held, second
+    third = read_block(data, _batches([np.arange(8, 12)]), buffers)
+    assert id(third.x.base) == base                      # free again: from the pool
+    np.testing.assert_array_equal(third.x[0], data.x[8:12])
+    # A pool that is full and busy still reads: a new array, not kept.
+    blocks = [read_block(data, _batches([np.arange(i, i + 4)]), buffers) for i in range(0, 40, 4)]
+    for i, b in enumerate(blocks):
+        np.testing.assert_array_equal(b.x[0], data.x[4 * i:4 * i + 4])

@@ -7,12 +7,14 @@ Every source has ``len()``, ``get(ids) -> (inputs float32, targets)``, ``shape``
 ``classes`` (the number of classes when targets are integer labels, else None) and
 ``target_shape`` (``()`` for labels, the shape of one float target otherwise). Kinds:
 synthetic, npy shards, HDF5 (h5py, read row by row like the memory maps) and a user's own
-map-style dataset from a factory function.
+map-style dataset from a factory function. Sources with ``reads_into = True`` also take
+``get(ids, out=(inputs, labels))`` and fill those arrays (see :class:`Buffers`).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +32,7 @@ class Synthetic:
     random linear teacher over the flattened input, so a model's loss can actually go down."""
 
     target_shape: tuple[int, ...] = ()
+    reads_into = True
 
     def __init__(self, spec: Data, seed: int):
         rng = np.random.default_rng([seed, 7919])
@@ -44,8 +47,14 @@ class Synthetic:
     def __len__(self) -> int:
         return len(self.y)
 
-    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[ids], self.y[ids]
+    def get(self, ids: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
+        if out is None:
+            return self.x[ids], self.y[ids]
+        # "clip" instead of the default "raise": with ``out`` numpy would read through a
+        # temporary copy to keep the output intact on a bad id (the sharding layer's ids are
+        # always in range).
+        return (np.take(self.x, ids, axis=0, out=out[0], mode="clip"),
+                np.take(self.y, ids, out=out[1], mode="clip"))
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class NpyShards:
     (integers, [n]) pairs, opened as memory maps: only the rows a rank asks for are read."""
 
     target_shape: tuple[int, ...] = ()
+    reads_into = True
 
     def __init__(self, spec: Data, seed: int, root: Path | None = None):
         if not spec.path:
@@ -95,7 +105,7 @@ class NpyShards:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def get(self, ids: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``ids`` in the given order. The sharding layer hands out each batch's ids in
         ascending order, so each shard's rows are one contiguous run of the output, read
         front to back."""
@@ -104,9 +114,15 @@ class NpyShards:
             x, y = self.get(ids[order])
             inverse = np.empty_like(order)
             inverse[order] = np.arange(len(order))
-            return x[inverse], y[inverse]
-        x = np.empty((len(ids), *self.shape), dtype=np.float32)
-        y = np.empty(len(ids), dtype=np.int64)
+            if out is None:
+                return x[inverse], y[inverse]
+            return (np.take(x, inverse, axis=0, out=out[0], mode="clip"),
+                    np.take(y, inverse, out=out[1], mode="clip"))
+        if out is None:
+            x = np.empty((len(ids), *self.shape), dtype=np.float32)
+            y = np.empty(len(ids), dtype=np.int64)
+        else:
+            x, y = out
         bounds = np.searchsorted(ids, self.offsets)
         for s, shard in enumerate(self.shards):
             a, b = bounds[s], bounds[s + 1]
@@ -290,12 +306,15 @@ class Subset:
         self.data, self.ids = data, np.asarray(ids, dtype=np.int64)
         self.shape, self.classes = data.shape, data.classes
         self.target_shape = getattr(data, "target_shape", ())
+        self.reads_into = getattr(data, "reads_into", False)
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.data.get(self.ids[ids])
+    def get(self, ids: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
+        if out is None:
+            return self.data.get(self.ids[ids])
+        return self.data.get(self.ids[ids], out)
 
 
 # Micro-batches are read in blocks: one get() and (in a backend) one conversion into the
@@ -333,10 +352,46 @@ def plan_blocks(batches: list, per_block: int) -> list[list]:
     return groups
 
 
-def read_block(data, group: list) -> Block:
-    """One get() for the micro-batches of ``group``."""
+class Buffers:
+    """Arrays that blocks are read into, used again once nothing else refers to them.
+
+    A fresh array per block costs an allocation and, for a block of a mebibyte or more, memory
+    the process has not touched lately; on a step of a few milliseconds that is a few percent
+    (``bench/train_overhead.py --host-costs``). An array is handed out again only when the pool
+    holds the sole reference to it: every tensor a framework made from it (``torch.from_numpy``
+    and its views keep the array alive), every numpy view and every block is gone, so nothing
+    that can still be read sees it overwritten. Otherwise a new array is made (and kept while
+    the pool has room)."""
+
+    def __init__(self, most: int = 4):
+        self.most = most
+        self._pool: dict[tuple, list[np.ndarray]] = {}
+        # Where reference counts cannot be read, no array is ever handed out twice.
+        self._reuse = hasattr(sys, "getrefcount")
+
+    def take(self, shape: tuple, dtype) -> np.ndarray:
+        arrays = self._pool.setdefault((shape, np.dtype(dtype).str), [])
+        if self._reuse:
+            for i in range(len(arrays)):
+                # Two references: the pool's list and getrefcount's own argument.
+                if sys.getrefcount(arrays[i]) == 2:
+                    return arrays[i]
+        a = np.empty(shape, dtype)
+        if len(arrays) < self.most:
+            arrays.append(a)
+        return a
+
+
+def read_block(data, group: list, buffers: Buffers | None = None) -> Block:
+    """One get() for the micro-batches of ``group`` (into ``buffers`` where the source can)."""
     k, size = len(group), len(group[0].ids)
-    x, y = data.get(np.concatenate([b.ids for b in group]) if k > 1 else group[0].ids)
+    ids = np.concatenate([b.ids for b in group]) if k > 1 else group[0].ids
+    if buffers is not None and getattr(data, "reads_into", False):
+        labels = np.int64 if data.classes is not None else np.float32
+        x, y = data.get(ids, (buffers.take((len(ids), *data.shape), np.float32),
+                              buffers.take((len(ids), *data.target_shape), labels)))
+    else:
+        x, y = data.get(ids)
     return Block(group, x.reshape(k, size, *x.shape[1:]), y.reshape(k, size, *y.shape[1:]),
                  np.stack([b.weights for b in group]))
 

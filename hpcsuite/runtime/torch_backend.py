@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import UserError
 from ..spec import JobSpec, Optimizer
 from .backend import HorovodBackend
-from .data import block_size, plan_blocks, read_block
+from .data import Buffers, block_size, plan_blocks, read_block
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -115,6 +115,7 @@ class TorchBackend(HorovodBackend):
         self.scaler = torch.amp.GradScaler("cuda") if scaler else None
         self.user_loss_fn = self.user_loss()
         self._read_next = None               # set while _read_in_process feeds the loop
+        self._buffers = Buffers()            # blocks are read into these, used again
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
         # What the first training step's forward really computed in (read once, then the hook
@@ -192,7 +193,8 @@ class TorchBackend(HorovodBackend):
         """The micro-batches, read in blocks (see :func:`.data.read_block`: one dataset call
         and one tensor per field for a block, a view of it per micro-batch). The next block is
         read when free: micro_step asks for it after the backward pass has handed the gradients
-        to Horovod and before the optimizer waits for their allreduce."""
+        to Horovod and before the optimizer waits for their allreduce. Blocks are read into
+        arrays used again once the previous steps' tensors are gone (:class:`.data.Buffers`)."""
         if not batches:
             return
         from_numpy = self.torch.from_numpy
@@ -203,7 +205,7 @@ class TorchBackend(HorovodBackend):
             if not ready:
                 group = next(groups, None)
                 if group is not None:
-                    block = read_block(data, group)
+                    block = read_block(data, group, self._buffers)
                     views = zip(*(from_numpy(a).unbind(0) for a in (block.x, block.y, block.w)))
                     ready.extend(reversed(list(zip(group, views))))
 
