@@ -53,7 +53,7 @@ def cluster_env() -> dict:
 
 
 def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
-                 allreduce: bool, cycle: float, spin: bool = False) -> float:
+                 allreduce: bool, cycle: float, spin: bool = False) -> tuple[float, float]:
     sets = [f"train.horovod.cycle_time_ms={cycle:g}", f"resources.nodes={nodes}",
             f"train.backend={backend}", f"train.batch_size={batch}",
             f"train.max_steps={steps}", "train.epochs=1000000", f"output_dir={work}/runs",
@@ -66,7 +66,8 @@ def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: i
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"hpcsuite job failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout)["results"]["samples_per_s_steady"]
+    r = json.loads(done.stdout)["results"]
+    return r["samples_per_s_steady"], r["step_time_s"]["median"]
 
 
 PLAIN = """#!/bin/bash
@@ -87,7 +88,7 @@ mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca 
 
 
 def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int,
-              cycle: float, fresh: int | None, spin: bool = False) -> float:
+              cycle: float, fresh: int | None, spin: bool = False) -> tuple[float, float]:
     out = work / f"plain-{time.monotonic_ns()}.out"
     script = work / "plain.sbatch"
     script.write_text(PLAIN.format(nodes=nodes, out=out, py=PY, plain=ROOT / "bench" / "plain_loop.py",
@@ -99,7 +100,8 @@ def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
     text = out.read_text() if out.is_file() else ""
     for line in text.splitlines():
         if line.startswith("{") and "samples_per_s_steady" in line:
-            return json.loads(line)["samples_per_s_steady"]
+            r = json.loads(line)
+            return r["samples_per_s_steady"], r["step_median_s"]
     raise SystemExit(f"plain loop failed (sbatch exit {done.returncode}):\n{text[-2000:]}{done.stderr}")
 
 
@@ -128,12 +130,14 @@ def main() -> None:
     data = yaml.safe_load(BASE.read_text())["train"]["data"]
     shape, samples = data["shape"][0], data["samples"]
     results: dict = {}
+    step_ms: dict = {}     # (batch, nodes) -> kind -> each job's median step, ms
     with tempfile.TemporaryDirectory(prefix="weak-") as tmp:
         work = Path(tmp)
         for batch in [int(b) for b in a.batches.split(",")]:
             for r in range(a.repeats):
                 for nodes in (1, 2):
                     row = results.setdefault((batch, nodes), {k: [] for k in KINDS})
+                    steps = step_ms.setdefault((batch, nodes), {k: [] for k in KINDS})
                     common = (a.backend, nodes, batch, a.steps)
                     runs = {
                         "hpcsuite": lambda: hpcsuite_run(env, work, *common, True, a.cycle_time, a.spin),
@@ -146,7 +150,9 @@ def main() -> None:
                     # Each repeat starts with another kind: the job that runs first after a
                     # switch (of node count or batch) is not always the same one.
                     for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                        row[kind].append(runs[kind]())
+                        rate, step = runs[kind]()
+                        row[kind].append(rate)
+                        steps[kind].append(step * 1e3)
                     print(f"batch {batch} nodes {nodes} repeat {r}: " + ", ".join(
                         f"{k} {v[-1]:.0f}" for k, v in row.items() if v) + " samples/s",
                         file=sys.stderr, flush=True)
@@ -157,6 +163,12 @@ def main() -> None:
     for (batch, nodes), row in sorted(results.items()):
         print(f"{batch:>5} {nodes:>5} " + " ".join(
             f"{fmt(row[k]) if row[k] else '(itself)':>24}" for k in KINDS))
+    print("median step, ms (each job's median, then median [min-max] over the jobs): where "
+          "Horovod's cycle time rounds steps up, these sit near whole cycles")
+    for (batch, nodes), row in sorted(step_ms.items()):
+        cells = [f"{statistics.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]" if (v := row[k])
+                 else "(itself)" for k in KINDS]
+        print(f"{batch:>5} {nodes:>5} " + " ".join(f"{c:>24}" for c in cells))
     print("ratios: of the medians; per repeat: median [min-max] of the ratios of the jobs that "
           "ran back to back")
     for (batch, nodes), row in sorted(results.items()):
