@@ -60,16 +60,22 @@ def _label(axes: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in axes.items())
 
 
-def fits(sd: StudyDir, points: list[Point], state: dict) -> dict[tuple[int, int], object]:
-    """The ring-allreduce fit of each allocation's benchmark (Horovod's allreduce)."""
+def fits(sd: StudyDir, points: list[Point], state: dict) -> dict[tuple[int, int], tuple]:
+    """The ring-allreduce fits of each allocation's benchmark: (Horovod's, MPI's or None)."""
+    from .alphabeta import FitError
+
     out = {}
     for point in points:
         if point.kind != "allreduce":
             continue
         data = _results(sd, point, state.get(point.id, {}))
         if data:
+            try:
+                mpi = fit_measurements(data, "mpi")
+            except (FitError, KeyError, TypeError, ValueError):
+                mpi = None               # an older benchmark without MPI's side
             out[(int(point.axes["nodes"]), int(point.axes["tasks_per_node"]))] = \
-                fit_measurements(data, "horovod")
+                (fit_measurements(data, "horovod"), mpi)
     return out
 
 
@@ -125,19 +131,22 @@ def analyse(sd: StudyDir) -> dict:
             row["efficiency"] = row["speedup"] / (row["ranks"] / base["ranks"])
         if thr["median"] and lim["median"]:
             row["of_limit"] = thr["median"] / lim["median"]
-        row["model"] = explain(row, models.get((int(row["axes"]["nodes"]),
-                                                int(row["axes"]["tasks_per_node"]))))
+        row["model"] = explain(row, *models.get((int(row["axes"]["nodes"]),
+                                                 int(row["axes"]["tasks_per_node"])), (None, None)))
     for row in rows:
         row.pop("results")
     return {"study": study.name, "mode": study.mode, "warmup_steps": study.warmup_steps,
             "steps": study.steps, "repeats": study.repeats, "rows": rows,
-            "allreduce": {f"{n}x{t}": m.to_json() for (n, t), m in models.items()}}
+            "allreduce": {f"{n}x{t}": m.to_json() for (n, t), (m, _) in models.items()}}
 
 
 # ---------------------------------------------------------------------- the model's reading
 
-def explain(row: dict, model) -> dict | None:
-    """Predicted communication per step, the measured overhead, and the knobs' predicted gains."""
+def explain(row: dict, model, mpi=None) -> dict | None:
+    """Predicted communication per step, the measured overhead, and the knobs' predicted gains.
+    ``model`` is the fit of Horovod's allreduce, ``mpi`` (optional) of MPI's own on the same
+    allocation: the bytes' transfer without Horovod's cycle, and the latency every cycle's
+    coordination pays."""
     results = row.get("results")
     if model is None or results is None or row["ranks"] < 2 or not row["step_s"]["median"]:
         return None
@@ -185,16 +194,51 @@ def explain(row: dict, model) -> dict | None:
                             f"fuse the {ops} allreduces into one (threshold ≥ "
                             f"{math.ceil(nbytes / 2**20)} MB)"))
     cycle = knobs["cycle_time_ms"] / 1000
-    if cycle > 0.0002:
-        # A step's gradients go out on Horovod's next cycle: on a quiet link the latency term
-        # is mostly that wait (a lone allreduce takes one cycle, see `hpcsuite bench
-        # allreduce`), and it shrinks with the cycle.
-        saved = min(latency, cycle) * (1 - 0.0001 / cycle)
-        options.append(gain("train.horovod.cycle_time_ms", compute, overhead - saved,
-                            "0.1: the gradients wait for Horovod's next cycle before they are sent"))
+    transfer = mpi.predict(nbytes, n=n, tensors=ops) if mpi is not None else bandwidth
+    floor = CYCLE_FLOOR_LATENCIES * mpi.predict(0, n=n) if mpi is not None else cycle / 2
+    shorter = shorter_cycle(step, compute + transfer, cycle, floor)
+    if shorter is not None:
+        new_cycle, new_step, now_cycles, new_cycles = shorter
+        options.append(gain(
+            "train.horovod.cycle_time_ms", compute, new_step - compute,
+            f"{new_cycle * 1000:g}: a step waits for whole cycles of Horovod's background thread "
+            f"({now_cycles} of {cycle * 1000:g} ms now, {new_cycles} of {new_cycle * 1000:g} ms "
+            f"then); not below {floor * 1000:.2g} ms, {CYCLE_FLOOR_LATENCIES}x MPI's "
+            "small-message latency, which every cycle's coordination pays"))
     out["now_of_limit"] = now
     out["knobs"] = sorted(options, key=lambda o: -o["gain"])
     return out
+
+
+# A cycle of Horovod's background thread is at least this many MPI small-message latencies:
+# every cycle the ranks coordinate (one small allreduce), on cores the training shares. On the
+# local cluster (2 ranks, 2 cores, 15 us latency) 0.5 ms cycles shortened 2-cycle steps as the
+# rule below predicts; 0.25 and 0.1 ms made them longer than 1 ms cycles did.
+CYCLE_FLOOR_LATENCIES = 20
+
+
+def shorter_cycle(step: float, work: float, cycle: float, floor: float):
+    """A shorter cycle time for steps that wait for whole cycles, or None.
+
+    A step's gradients leave on the background thread's next cycle, so a step whose
+    computation and transfer take ``work`` lasts about ceil(work / cycle) cycles; the measured
+    ``step`` against that count gives how much longer the real cycles run (the coordination and
+    the thread's wake-up). Halving the cycle (down to ``floor``) cuts the rounding. Returns
+    (cycle, predicted step, cycles now, cycles then) for the best candidate that predicts a
+    shorter step."""
+    if cycle <= 0 or work <= 0 or step <= 0:
+        return None
+    now_cycles = max(1, math.ceil(work / cycle))
+    stretch = step / (now_cycles * cycle)
+    best = None
+    candidate = cycle / 2
+    while candidate >= floor and candidate >= 1e-5:
+        cycles = max(1, math.ceil(work / candidate))
+        predicted = cycles * candidate * stretch
+        if predicted < step and (best is None or predicted < best[1]):
+            best = (candidate, predicted, now_cycles, cycles)
+        candidate /= 2
+    return best
 
 
 def dominates_at(model, nbytes: float, ops: int, compute: float) -> int | None:

@@ -143,6 +143,28 @@ def test_report_arithmetic_and_the_models_reading():
     assert sr.dominates_at(AlphaBeta(alpha_s=0.0, bandwidth_Bps=1e9, n=2), 1e6, 1, 0.006) is None
 
 
+def test_a_shorter_cycle_is_predicted_from_whole_cycles():
+    # The local cluster's 2-node point at batch 128: 1.12 ms of computation, 0.13 ms transfer,
+    # steps of 2.2 ms = two 1 ms cycles (each ~1.1 ms long).
+    new_cycle, step, now, then = sr.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=3e-4)
+    assert (new_cycle, now, then) == (5e-4, 2, 3) and step == pytest.approx(1.65e-3)
+    assert sr.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=1e-4)[0] == 2.5e-4    # 5 x 0.25 ms
+    assert sr.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=6e-4) is None          # floor above 0.5
+    assert sr.shorter_cycle(10e-3, 10e-3, 1e-3, floor=1e-4) is None              # not rounded up
+    model, mpi = AlphaBeta(alpha_s=2.5e-4, bandwidth_Bps=2e9, n=2), AlphaBeta(7.5e-6, 1.9e9, n=2)
+    row = {"ranks": 2, "axes": {"nodes": 2, "tasks_per_node": 1},
+           "results": {"gradient_bytes": 220_000, "gradient_tensors": 6},
+           "step_s": {"median": 2.2e-3}, "limit_step_s": {"median": 1.12e-3}}
+    knob = next(k for k in sr.explain(row, model, mpi)["knobs"]
+                if k["knob"] == "train.horovod.cycle_time_ms")
+    assert knob["how"].startswith("0.5:") and "2 of 1 ms now, 3 of 0.5 ms" in knob["how"]
+    assert knob["of_limit"] == pytest.approx(1.12 / 1.65, rel=0.05)
+    # without MPI's side only halving is offered
+    knob = next(k for k in sr.explain(row, model)["knobs"]
+                if k["knob"] == "train.horovod.cycle_time_ms")
+    assert knob["how"].startswith("0.5:")
+
+
 def test_study_help_explains():
     proc = run_cli("study", "--help")
     assert proc.returncode == 0 and "no-communication" in proc.stdout and "rerun" in proc.stdout
