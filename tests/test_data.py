@@ -110,3 +110,17 @@ def test_a_buffer_is_used_again_only_when_nothing_refers_to_it():
     blocks = [read_block(data, _batches([np.arange(i, i + 4)]), buffers) for i in range(0, 40, 4)]
     for i, b in enumerate(blocks):
         np.testing.assert_array_equal(b.x[0], data.x[4 * i:4 * i + 4])
+
+
+def test_full_blocks_share_ones_and_padded_blocks_keep_their_weights():
+    from hpcsuite.runtime.data import Buffers, read_block
+
+    data = Synthetic(Data(samples=64, shape=[3], classes=2), 0)
+    buffers = Buffers()
+    full = read_block(data, _batches([np.arange(4), np.arange(4, 8)]), buffers)
+    assert full.w.shape == (2, 4) and np.all(full.w == 1)
+    padded = _batches([np.arange(4), np.array([8, 9, 9, 9])])
+    padded[1] = padded[1]._replace(weights=np.array([1, 1, 0, 0], np.float32), real=2)
+    block = read_block(data, padded, buffers)
+    np.testing.assert_array_equal(block.w[1], [1, 1, 0, 0])
+    assert np.all(full.w == 1)                  # the shared ones were not written

@@ -366,8 +366,17 @@ class Buffers:
     def __init__(self, most: int = 4):
         self.most = most
         self._pool: dict[tuple, list[np.ndarray]] = {}
+        self._ones: dict[tuple, np.ndarray] = {}
         # Where reference counts cannot be read, no array is ever handed out twice.
         self._reuse = hasattr(sys, "getrefcount")
+
+    def ones(self, shape: tuple) -> np.ndarray:
+        """Weights of full micro-batches: one array per shape, never written (the weights are
+        only ever multiplied into new tensors)."""
+        a = self._ones.get(shape)
+        if a is None:
+            a = self._ones[shape] = np.ones(shape, np.float32)
+        return a
 
     def take(self, shape: tuple, dtype) -> np.ndarray:
         arrays = self._pool.setdefault((shape, np.dtype(dtype).str), [])
@@ -392,8 +401,11 @@ def read_block(data, group: list, buffers: Buffers | None = None) -> Block:
                               buffers.take((len(ids), *data.target_shape), labels)))
     else:
         x, y = data.get(ids)
-    return Block(group, x.reshape(k, size, *x.shape[1:]), y.reshape(k, size, *y.shape[1:]),
-                 np.stack([b.weights for b in group]))
+    if buffers is not None and all(b.real == size for b in group):
+        w = buffers.ones((k, size))
+    else:
+        w = np.stack([b.weights for b in group])
+    return Block(group, x.reshape(k, size, *x.shape[1:]), y.reshape(k, size, *y.shape[1:]), w)
 
 
 def split_ids(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

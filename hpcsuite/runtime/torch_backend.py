@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import signal
 
@@ -109,9 +108,8 @@ class TorchBackend(HorovodBackend):
         enabled, kind, dtype, scaler = autocast_settings(self.t.precision, self.device)
         self.autocast = dict(device_type=kind, enabled=enabled,
                              dtype=getattr(torch, dtype) if dtype else None)
-        # Entering a disabled autocast context still costs every step; skip it then.
-        self.precision_context = (lambda: torch.autocast(**self.autocast)) if enabled \
-            else contextlib.nullcontext
+        # Entering a disabled autocast context still costs every step: micro_step skips it.
+        self.mixed = enabled
         self.scaler = torch.amp.GradScaler("cuda") if scaler else None
         self.user_loss_fn = self.user_loss()
         self._read_next = None               # set while _read_in_process feeds the loop
@@ -226,8 +224,13 @@ class TorchBackend(HorovodBackend):
         Returns (tensor, factor): the micro-batch's loss sum is float(tensor) * factor."""
         torch = self.torch
         x, y, w = inputs
-        with self.precision_context():
-            out = self.model(x).float()
+        if self.mixed:
+            with torch.autocast(**self.autocast):
+                out = self.model(x).float()
+        else:                                # every step: no context, no cast of float32
+            out = self.model(x)
+            if out.dtype is not torch.float32:
+                out = out.float()
         # The loss is scaled so that Horovod's average over ranks is the mean over the step's
         # real samples: padded slots have weight 0 and never count.
         if not padded and self.plain_loss and abs(scale * len(y) - 1.0) < 1e-9:
