@@ -52,6 +52,25 @@ fi
 """
 
 
+def node_cpus(index: int) -> tuple[int, ...]:
+    """The core of virtual node ``index``: the i-th core this process may use (wrapping).
+
+    Each node is declared with CPUs=1, and its slurmd starts pinned to its own core, so the
+    tasks it starts (batch script, mpirun, orted, ranks) inherit it, as on separate machines.
+    Unpinned, the two nodes' ranks and Horovod threads drifted onto one core in some jobs and
+    not others: 2-node steps swung between 2.1 and 3.3 ms from job to job (docs/BENCHMARKS.md).
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    return (cores[index % len(cores)],)
+
+
+def _affinity(pid: int | None) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(pid) if pid else None
+    except OSError:
+        return None
+
+
 def cluster_dir() -> Path:
     env = os.environ.get("HPCSUITE_CLUSTER_DIR")
     if env:
@@ -65,6 +84,7 @@ class Daemon:
     name: str          # munged, slurmctld, slurmd-node1, ...
     argv: tuple[str, ...]
     program: str       # what /proc/<pid>/comm must show
+    cpus: tuple[int, ...] = ()   # cores it and everything it starts may use (() = all)
 
 
 class LocalCluster:
@@ -114,8 +134,9 @@ class LocalCluster:
             # slurmdbd reads slurmdbd.conf beside SLURM_CONF (it has no option for a path).
             ds.append(Daemon("slurmdbd", ("slurmdbd", "-D"), "slurmdbd"))
         ds.append(Daemon("slurmctld", ("slurmctld", "-D", "-f", str(self.conf)), "slurmctld"))
-        ds += [Daemon(f"slurmd-{n}", ("slurmd", "-D", "-N", n, "-f", str(self.conf)), "slurmd")
-               for n in NODES]
+        ds += [Daemon(f"slurmd-{n}", ("slurmd", "-D", "-N", n, "-f", str(self.conf)), "slurmd",
+                      node_cpus(i))
+               for i, n in enumerate(NODES)]
         return ds
 
     def ports(self) -> dict[str, int]:
@@ -152,7 +173,12 @@ class LocalCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "MpiDefault=none",
-            "ReturnToService=2",
+            # A node an admin (or a test) sets DOWN stays down until RESUME, as a lost node does
+            # until someone brings it back; one that stopped answering returns when it registers.
+            # With 2, a DOWN node whose slurmd still answered came back at once, while its
+            # requeued job was being placed on it again: the job ran with the node IDLE and
+            # its steps never started.
+            "ReturnToService=1",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=2",
             "JobCompType=jobcomp/filetxt",
@@ -296,6 +322,11 @@ class LocalCluster:
         states = self.states()
         if all(states.values()):
             notes.append(f"cluster already up ({self.root})")
+            for d in self.daemons():
+                if d.cpus and _affinity(states[d.name]) not in (None, set(d.cpus)):
+                    notes.append(f"{d.name} was started on cores {sorted(_affinity(states[d.name]))}"
+                                 f", not its own core {list(d.cpus)}: `hpcsuite cluster down` "
+                                 "and up again to pin it")
         else:
             for d in self.daemons():
                 port = self.ports().get(d.name)
@@ -320,7 +351,8 @@ class LocalCluster:
 
     def _start(self, d: Daemon) -> None:
         log_path = self._path("log", f"{d.name}.out")
-        pid = slurm.spawn_daemon(list(d.argv), env=self.env(), log_path=str(log_path))
+        pid = slurm.spawn_daemon(list(d.argv), env=self.env(), log_path=str(log_path),
+                                 cpus=d.cpus)
         self._pidfile(d).write_text(f"{pid}\n")
         port = self.ports().get(d.name)
         if d.name == "munged":

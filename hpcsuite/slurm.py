@@ -78,11 +78,15 @@ def _conf_hint(stderr: str, env: dict[str, str] | None) -> str:
             "cluster: eval \"$(hpcsuite cluster env)\")")
 
 
-def spawn_daemon(argv: list[str], *, env: dict[str, str], log_path: str) -> int:
-    """Start a daemon that stays in the foreground, detached from us; returns its pid."""
+def spawn_daemon(argv: list[str], *, env: dict[str, str], log_path: str,
+                 cpus: tuple[int, ...] = ()) -> int:
+    """Start a daemon that stays in the foreground, detached from us; returns its pid.
+    ``cpus``: the cores it (and all it starts) may use; empty: ours."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=pin)
     return proc.pid
 
 

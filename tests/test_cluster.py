@@ -26,6 +26,19 @@ def test_up_twice_is_harmless(local_cluster):
     assert set(nodes.values()) <= {"idle", "mixed", "allocated", "completing"}, nodes
 
 
+def test_each_node_runs_its_tasks_on_its_own_core(local_cluster):
+    """As on separate machines: node i's tasks inherit its slurmd's core, not the whole host."""
+    from hpcsuite.cluster import NODES, node_cpus
+
+    cluster, env = local_cluster
+    for i, node in enumerate(NODES):
+        done = subprocess.run(["srun", "-w", node, "-N", "1", "-n", "1", "grep", "Cpus_allowed_list",
+                               "/proc/self/status"], env=env, capture_output=True, text=True,
+                              timeout=60, check=True)
+        assert done.stdout.split() == ["Cpus_allowed_list:", str(node_cpus(i)[0])], done.stdout
+    assert cluster.up(timeout=30) == [f"cluster already up ({cluster.root})"]   # no re-pin note
+
+
 def test_status_command(local_cluster):
     cluster, env = local_cluster
     out = run_cli("cluster", "status", "--json", env=env, check=True)
