@@ -221,8 +221,11 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
                           env=dict(os.environ))
         if done.returncode == 0:
             return status
-        out(f"hpcsuite: scontrol requeue {job_id} failed: "
-            f"{(done.stderr.strip() or done.stdout.strip() or 'no output').splitlines()[-1]}")
+        said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        if "pending execution" in said:   # Slurm requeued it itself (a node failed)
+            out(f"hpcsuite: job {job_id} is already requeued by Slurm")
+        else:
+            out(f"hpcsuite: scontrol requeue {job_id} failed: {said}")
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
