@@ -1,0 +1,114 @@
+"""The managed loop's per-step cost against a plain Horovod loop, in the same processes.
+
+Separate jobs on this machine land in different speed modes (single 2-node jobs vary 2-5x), so
+a few percent between two jobs cannot be told from the mode they drew. Here every rank builds
+one model and one DistributedOptimizer and alternates, in rounds of R steps, between
+  managed   hpcsuite's Trainer.train_epoch (the sharding layer, block reads, micro_step, the
+            loop's bookkeeping and votes), as `hpcsuite train` runs it
+  plain     the plain loop of bench/plain_loop.py --fresh-data: each step's batch gathered by
+            sorted sample ids from the same in-memory dataset, whole fresh permutations per
+            epoch (the same memory traffic), then zero_grad, forward, backward, step
+so both see the same machine state. Printed on rank 0: each kind's mean step time (the median
+over rounds) and the ratio plain/managed per round, median [quartiles] (> 1: hpcsuite faster).
+
+    OMP_NUM_THREADS=1 mpirun -np 1 .venv/bin/python bench/step_overhead.py --batch 128
+    # two ranks on two nodes of the local cluster (the weak-scaling setting), with the
+    # environment hpcsuite's scripts give one-core ranks:
+    eval "$(.venv/bin/python -m hpcsuite cluster env)"
+    sbatch -N 2 --ntasks-per-node 1 -o /tmp/overhead-%j.out --wrap "export OMP_NUM_THREADS=1 \
+      OMPI_MCA_mpi_yield_when_idle=1; mpirun -np 2 -npernode 1 --bind-to none \
+      -x OMP_NUM_THREADS -x OMPI_MCA_mpi_yield_when_idle .venv/bin/python bench/step_overhead.py"
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=128, help="per-rank batch (default 128)")
+    ap.add_argument("--samples", type=int, default=16384)
+    ap.add_argument("--shape", type=int, default=784)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=128, help="steps per round (the first 10 not counted)")
+    a = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    from hpcsuite.runtime.data import open_data
+    from hpcsuite.runtime.loop import Policy, Progress, Trainer
+    from hpcsuite.runtime.sharding import Cursor, Sharder
+    from hpcsuite.runtime.torch_backend import TorchBackend
+    from hpcsuite.spec import spec_from_dict
+
+    job = spec_from_dict({
+        "name": "overhead", "resources": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1},
+        "train": {"backend": "torch", "model": "mlp", "batch_size": a.batch, "lr": 0.05,
+                  "epochs": 10 ** 6, "max_steps": 10 ** 9,
+                  "data": {"kind": "synthetic", "samples": a.samples, "shape": [a.shape],
+                           "classes": 10}}}, "bench")
+    backend = TorchBackend(job)
+    data = open_data(job.train.data, job.train.seed)
+    backend.build(data)
+    trainer = Trainer(job, Path(tempfile.mkdtemp(prefix="overhead-")), backend)
+    trainer.poll, trainer.poll_step = None, 0
+    progress, policy = Progress(), Policy(job, 0, time.monotonic())
+    sharder = Sharder(len(data), backend.size, backend.rank, a.batch, job.train.seed)
+
+    def managed(n: int) -> list[float]:
+        start = len(trainer.metrics.step_times)
+        while len(trainer.metrics.step_times) - start < n:
+            trainer.train_epoch(data, sharder, progress, policy)
+            if progress.cursor.consumed >= len(data):
+                progress.cursor = Cursor(progress.cursor.epoch + 1, 0)
+        return trainer.metrics.step_times[start:start + n]
+
+    rng = np.random.default_rng(backend.rank)
+    batches = [np.sort(c) for _ in range(4)
+               for c in rng.permutation(len(data))[:len(data) // a.batch * a.batch].reshape(-1, a.batch)]
+    loss_fn, model, opt = torch.nn.CrossEntropyLoss(), backend.model, backend.optimizer
+    at = 0
+
+    def plain(n: int) -> list[float]:
+        nonlocal at
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ids = batches[at % len(batches)]
+            at += 1
+            x, y = torch.from_numpy(data.x[ids]), torch.from_numpy(data.y[ids])
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    kinds = {"managed": managed, "plain": plain}
+    means: dict[str, list[float]] = {k: [] for k in kinds}
+    ratios = []
+    for r in range(a.rounds):
+        got = {}
+        for kind in (("managed", "plain") if r % 2 else ("plain", "managed")):
+            got[kind] = statistics.mean(kinds[kind](a.steps)[10:])
+            means[kind].append(got[kind])
+        ratios.append(got["plain"] / got["managed"])
+    if backend.rank == 0:
+        q = statistics.quantiles(ratios, n=4)
+        print(f"ranks {backend.size}, batch {a.batch} per rank, {a.rounds} rounds of {a.steps} steps: "
+              f"mean step managed {statistics.median(means['managed']) * 1e3:.3f} ms, "
+              f"plain {statistics.median(means['plain']) * 1e3:.3f} ms; plain/managed per round "
+              f"{statistics.median(ratios):.3f} [{q[0]:.3f}-{q[2]:.3f}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
