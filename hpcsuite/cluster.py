@@ -198,9 +198,11 @@ class LocalCluster:
                 f"AccountingStoragePort={self.port + DBD_OFFSET}",
                 # The munge socket for talking to slurmdbd (AuthInfo covers only the cluster).
                 f"AccountingStoragePass={self.munge_socket}",
-                # MaxRSS and CPU time per step, sampled every 5 s.
+                # MaxRSS and CPU time per step, sampled every second: Slurm keeps only what
+                # its samples saw (the last one, as a step ends, finds its processes gone), so
+                # with 5 s a job of 4 or 5 seconds had no MaxRSS at all.
                 "JobAcctGatherType=jobacct_gather/linux",
-                "JobAcctGatherFrequency=task=5",
+                "JobAcctGatherFrequency=task=1",
             ]
         for i, n in enumerate(NODES):
             lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
