@@ -12,21 +12,30 @@ stop and resume, framework-neutral (it only needs the ``horovod.torch`` or
     hvd.init()
     run = api.Run(hvd)                          # the job: spec, run directory, rank, size
     restored = run.restore()                    # the latest good checkpoint, on every rank
-    if restored:
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in restored.state["model"].items()})
+    if restored:                                # the model and the optimizer's moments
+        api.load_torch_state(model, optimizer, restored.state)
     for batch in run.batches(len(data)):        # this rank's share, every sample once per epoch
         x, y = data[batch.ids]
         loss = step(x, y, batch.weights)        # weight 0 marks padding: leave it out of the loss
-        run.log(loss=float(loss))               # once per optimizer step
+        run.log(loss=float(loss))               # once per optimizer step: results.json metrics
         if run.should_stop():                   # all ranks agree: a preemption signal came
-            run.save({"model": numpy_state(model)})
+            run.save(api.torch_state(model, optimizer))
             break
         if run.checkpoint_due():
-            run.save({"model": numpy_state(model)})
-    run.finish(params=numpy_state(model))       # results.json; preempted runs requeue
+            run.save(api.torch_state(model, optimizer))
+    run.finish(params=api.torch_state(model)["model"])   # results.json; preempted runs requeue
+
+Keras 3: ``api.keras_state(model, optimizer)`` and ``api.load_keras_state(model, optimizer,
+restored.state)`` (the optimizer's variables: iterations, moments, its learning rate).
 
 Everything here is collective where it says so: every rank must call ``restore``,
 ``should_stop``, ``finish`` (and iterate ``batches``) the same number of times.
+
+Outside a job (trying a script by hand, one process): ``HPCSUITE_SPEC=job.yaml python
+train.py``, or ``api.Run(hvd, spec="job.yaml")``, resolves the spec through the site, user and
+project profiles the way ``hpcsuite submit`` would and runs it here, in
+``OUTPUT_DIR/NAME/local/TIME`` (checkpoints in ``OUTPUT_DIR/NAME/local/checkpoints``, so a
+second try resumes the first, and a Slurm job's checkpoints are never touched).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,13 +54,15 @@ import numpy as np
 
 from .errors import UserError
 from .results import Results, step_stats, write_json_atomic
-
-PROGRESS_SECONDS = 2.0   # rank 0 rewrites progress.json at most this often
+from .runtime.sharding import Batch
 from .spec import JobSpec
 
 log = logging.getLogger("hpcsuite.api")
 
-__all__ = ["Run", "Restored", "Batch"]
+__all__ = ["Run", "Restored", "Batch", "torch_state", "load_torch_state", "keras_state",
+           "load_keras_state"]
+
+PROGRESS_SECONDS = 2.0   # rank 0 rewrites progress.json at most this often
 
 _ACTIVE: "Run | None" = None
 
@@ -85,9 +97,15 @@ class _Single:
 
 class Run:
     """This rank's view of the job. ``hvd``: the initialised ``horovod.torch`` or
-    ``horovod.tensorflow`` module (None: a single process, for trying a script by hand)."""
+    ``horovod.tensorflow`` module (None: a single process, for trying a script by hand).
 
-    def __init__(self, hvd=None, job: JobSpec | None = None, run_dir: str | Path | None = None):
+    The job is, first found first: ``job``; the one hpcsuite launched this rank in
+    (``HPCSUITE_JOB``, or ``job.json`` in ``run_dir``/``HPCSUITE_RUN_DIR``); outside a job,
+    ``spec`` (or ``HPCSUITE_SPEC``), a job spec resolved here and run in this process. With
+    none of them it stops the script with one line saying how to run it (exit 2)."""
+
+    def __init__(self, hvd=None, job: JobSpec | None = None, run_dir: str | Path | None = None,
+                 spec: str | Path | None = None):
         global _ACTIVE
         from .runtime.loop import VOTE_SECONDS, Policy, checkpoint_root
         from .runtime.checkpoint import CheckpointStore
@@ -96,12 +114,8 @@ class Run:
 
         self.hvd = hvd or _Single()
         self.rank, self.size = int(self.hvd.rank()), int(self.hvd.size())
-        self.run_dir = Path(run_dir or os.environ.get("HPCSUITE_RUN_DIR") or ".").absolute()
-        if job is None:
-            path = os.environ.get("HPCSUITE_JOB") or str(self.run_dir / "job.json")
-            from .runtime.train import load_job
-            job = load_job(path)
-        self.job = job
+        self.job, self.run_dir = _find_job(self.hvd, job, run_dir, spec)
+        job = self.job
         self.t = job.train
         self.args = list(self.t.args)
         self.step = 0
@@ -344,7 +358,7 @@ class Run:
             self._write_progress({k: v[-1] for k, v in self._metrics.items() if v})
         elapsed_max = max(g["elapsed"] for g in gathered)
         total = sum(g["samples"] for g in gathered)
-        metrics = {k: v for k, v in self._metrics.items()}
+        metrics = {k: list(v) for k, v in self._metrics.items()}   # every run.log() series
         results = Results(
             job=self.job.name, mode="script", status=status, backend=self.t.backend,
             stop=stop_record(status, gathered, self.step, self._time_limit)
@@ -361,7 +375,7 @@ class Run:
             step_time_s=step_stats(self._step_times), step_times_s=self._step_times,
             checkpoints=self._checkpoints,
             checkpoint_time_s=sum(c["seconds"] for c in self._checkpoints),
-            loss=metrics.pop("loss", []), param_checksums=[g["checksum"] for g in gathered
+            loss=list(metrics.get("loss", [])), param_checksums=[g["checksum"] for g in gathered
                                                           if g["checksum"] is not None],
             spec_digest=self.job.digest(), metrics={**metrics, **extra})
         if params is not None:                  # what the script's allreduce carries, at best
@@ -375,6 +389,59 @@ class Run:
         print(f"hpcsuite script: {status} at step {self.step}; wrote {path}", flush=True)
 
 
+def _find_job(hvd, job: JobSpec | None, run_dir, spec) -> tuple[JobSpec, Path]:
+    """The job this rank runs and its run directory (see :class:`Run`)."""
+    from .runtime.train import load_job
+
+    run_dir = run_dir or os.environ.get("HPCSUITE_RUN_DIR")
+    if job is not None:
+        return job, Path(run_dir or ".").absolute()
+    named = os.environ.get("HPCSUITE_JOB")
+    if named:
+        return load_job(named), Path(run_dir or Path(named).parent).absolute()
+    if run_dir:
+        return load_job(str(Path(run_dir) / "job.json")), Path(run_dir).absolute()
+    spec = spec or os.environ.get("HPCSUITE_SPEC")
+    if not spec and Path("job.json").is_file():
+        return load_job("job.json"), Path(".").absolute()
+    try:
+        if not spec:
+            script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "train.py"
+            raise UserError(
+                f"hpcsuite.api.Run: not inside an hpcsuite job (no HPCSUITE_JOB, no job.json "
+                f"in {Path.cwd()}): submit it with `hpcsuite submit SPEC.yaml` (train.script: "
+                f"{script}), or try it here in one process with `HPCSUITE_SPEC=SPEC.yaml python "
+                f"{script}` (or api.Run(hvd, spec='SPEC.yaml'))")
+        return _local_job(hvd, str(spec))
+    except UserError as e:        # the script runs by hand: its user gets one line, no traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(UserError.exit_code) from None
+
+
+def _local_job(hvd, spec: str) -> tuple[JobSpec, Path]:
+    """``spec`` resolved as ``hpcsuite submit`` would (profiles, locks), run in this process:
+    a run directory of its own under OUTPUT_DIR/NAME/local/, with the resolved job.json."""
+    import datetime as dt
+
+    from .config import resolve
+
+    if not Path(spec).is_file():
+        raise UserError(f"{spec}: no such file (HPCSUITE_SPEC or api.Run(spec=...): the job spec "
+                        "to try this script with)")
+    job = resolve(spec).job
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    stamp = hvd.broadcast_object(stamp, root_rank=0, name="hpcsuite.api.local")
+    run_dir = (Path(job.output_dir) / job.name / "local" / stamp).absolute()
+    if int(hvd.rank()) == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "job.json", job.to_dict())
+        log.warning("not in a Slurm job: running %s in this process (%d rank%s), outputs in %s",
+                    spec, int(hvd.size()), "s" if int(hvd.size()) != 1 else "", run_dir)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return job, run_dir
+
+
 def _checksum(params: dict) -> str:
     h = hashlib.sha256()
     for name in sorted(params):
@@ -384,8 +451,6 @@ def _checksum(params: dict) -> str:
 
 
 def _versions() -> dict:
-    import sys
-
     out = {"python": sys.version.split()[0], "numpy": np.__version__}
     for name in ("torch", "tensorflow", "horovod"):
         module = sys.modules.get(name)
@@ -402,3 +467,126 @@ def active() -> Run | None:
 def job_spec_json() -> dict:
     """The resolved job spec as JSON (what every rank read), for scripts that want the dict."""
     return json.loads(Path(os.environ.get("HPCSUITE_JOB", "job.json")).read_text())
+
+
+# -------------------------------------------------------------------- framework state helpers
+# What run.save() takes and Restored.state gives back: {group: {name: numpy array}}. The
+# frameworks are imported here only, when a script calls these.
+
+def torch_state(model, optimizer=None) -> dict[str, dict[str, np.ndarray]]:
+    """``{"model": ..., "optimizer": ...}`` of a torch module and optimizer, as numpy arrays:
+    the model's state_dict, the optimizer's per-parameter state (``state.I.KEY``: moments, step
+    counts) and its numeric hyperparameters (``group.G.KEY``: lr, betas, ...; a scheduler's
+    changes survive the restart)."""
+    import torch
+
+    def array(t):
+        t = t.detach().cpu()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+    out = {"model": {k: array(v) for k, v in model.state_dict().items()}}
+    if optimizer is not None:
+        sd = optimizer.state_dict()
+        optim = {}
+        for idx, entry in sd["state"].items():
+            for key, value in entry.items():
+                optim[f"state.{idx}.{key}"] = array(value) if torch.is_tensor(value) else np.asarray(value)
+        for g, group in enumerate(sd["param_groups"]):
+            for key, value in group.items():
+                if key != "params" and _numeric(value):
+                    optim[f"group.{g}.{key}"] = np.asarray(value, dtype=np.float64)
+        out["optimizer"] = optim
+    return out
+
+
+def _numeric(value) -> bool:
+    items = value if isinstance(value, (tuple, list)) else [value]
+    return bool(items) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items)
+
+
+def load_torch_state(model, optimizer, state: dict) -> None:
+    """Put ``torch_state(model, optimizer)`` (from ``restored.state``) back; ``optimizer``
+    may be None. A checkpoint of another model or optimizer is a UserError naming the key."""
+    import torch
+
+    params = {k: torch.from_numpy(np.array(v)) for k, v in _group(state, "model").items()}
+    try:
+        model.load_state_dict(params, strict=True)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        raise UserError(f"checkpoint: model: does not fit this model ({' '.join(first[:2])})") from None
+    if optimizer is None:
+        return
+    current = optimizer.state_dict()
+    groups = [dict(g) for g in current["param_groups"]]
+    per_param: dict[int, dict] = {}
+    for name, value in _group(state, "optimizer").items():
+        kind, index, key = (name.split(".", 2) + ["", ""])[:3]
+        if kind == "state" and index.isdigit():
+            per_param.setdefault(int(index), {})[key] = torch.from_numpy(np.array(value))
+        elif kind == "group" and index.isdigit() and int(index) < len(groups) and key:
+            was, value = groups[int(index)].get(key), np.asarray(value)
+            if isinstance(was, (tuple, list)) or value.ndim:
+                groups[int(index)][key] = type(was or ())(float(x) for x in value.ravel())
+            else:    # the type it has here (int, float), or a float (a scheduler's initial_lr)
+                groups[int(index)][key] = type(was)(value) if isinstance(was, (int, float)) \
+                    else float(value)
+        else:
+            raise UserError(f"checkpoint: optimizer.{name}: not a state of this optimizer "
+                            f"({type(optimizer).__name__} with {len(groups)} parameter group(s))")
+    count = sum(len(g["params"]) for g in groups)
+    if per_param and max(per_param) >= count:
+        raise UserError(f"checkpoint: optimizer: state for parameter {max(per_param)}, this "
+                        f"optimizer has {count}")
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+
+def keras_state(model, optimizer=None) -> dict[str, dict[str, np.ndarray]]:
+    """``{"model": ..., "optimizer": ...}`` of a Keras 3 model and optimizer by variable path
+    (the optimizer's iterations, moments and learning rate are its ``variables``)."""
+    out = {"model": _by_path(model.variables, "model")}
+    if optimizer is not None:
+        out["optimizer"] = _by_path(optimizer.variables, "optimizer")
+    return out
+
+
+def load_keras_state(model, optimizer, state: dict) -> None:
+    """Assign ``keras_state(model, optimizer)`` (from ``restored.state``) back; builds the
+    optimizer on the model's trainable variables first when it has not been built."""
+    groups = [("model", model.variables)]
+    if optimizer is not None:
+        if not getattr(optimizer, "built", True):
+            optimizer.build(model.trainable_variables)
+        groups.append(("optimizer", optimizer.variables))
+    for group, variables in groups:
+        saved = _group(state, group)
+        names = [v.path for v in variables]
+        missing, unknown = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
+        if missing or unknown:
+            raise UserError(f"checkpoint: {group}: variables differ from this {group}'s "
+                            f"(missing {missing[:3]}, unexpected {unknown[:3]})")
+        for v in variables:
+            if tuple(saved[v.path].shape) != tuple(v.shape):
+                raise UserError(f"checkpoint: {group}.{v.path}: shape {list(saved[v.path].shape)}, "
+                                f"this {group} has {list(v.shape)}")
+            v.assign(saved[v.path])
+
+
+def _by_path(variables, group: str) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for v in variables:
+        if v.path in out:
+            raise UserError(f"{group}: two variables named {v.path!r}: give the layers "
+                            "distinct names to checkpoint them")
+        out[v.path] = np.asarray(v.numpy())
+    return out
+
+
+def _group(state: dict, group: str) -> dict:
+    """``state[group]`` ({name: array}); the optimizer group may be absent (nothing to load)."""
+    if not isinstance(state, dict) or not isinstance(state.get(group, {}), dict):
+        raise UserError(f"checkpoint: expected {{{group!r}: {{name: array}}}} (what "
+                        "torch_state/keras_state make)")
+    if group != "optimizer" and group not in state:
+        raise UserError(f"checkpoint: no {group!r} group (it holds {sorted(state)})")
+    return state.get(group, {})

@@ -2,6 +2,7 @@
 script-mode job gets. tests/test_e2e_user.py runs it on 2 ranks through Slurm."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,7 +74,8 @@ def test_stop_flag_finish_and_results(tmp_path):
     run.finish(params={"w": np.ones(2)}, final_score=3)
     r = Results.load(run.run_dir / "results.json")
     assert (r.mode, r.status, r.final_step, r.loss) == ("script", "preempted", 3, [0.5] * 3)
-    assert r.metrics == {"acc": [0.9] * 3, "final_score": 3} and len(r.param_checksums) == 1
+    assert r.metrics == {"loss": [0.5] * 3, "acc": [0.9] * 3, "final_score": 3}
+    assert len(r.param_checksums) == 1
     assert (run.run_dir / "PREEMPTED").read_text() == "3 signal\n"
     assert json.loads((run.run_dir / "rank-0.json").read_text())["steps"] == 3
 
@@ -94,3 +96,85 @@ def test_a_retired_flag_ignores_a_late_signal():
             "print('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "alive"), done.stderr
+
+
+def test_logged_values_are_the_metrics_the_readme_names(tmp_path):
+    """README: in script mode results.json has the script's own numbers in `metrics`; the
+    loss is there too (and in `loss`, which the summary and the plots read)."""
+    run = make_run(tmp_path, checkpoint={"every_steps": 0})
+    for _ in run.batches(8):
+        run.log(loss=0.25, acc=0.5)
+    run.finish(extra_number=1.5)
+    r = Results.load(run.run_dir / "results.json")
+    assert r.loss == [0.25] * 4 and r.metrics == {"loss": [0.25] * 4, "acc": [0.5] * 4,
+                                                   "extra_number": 1.5}
+
+
+def test_import_star_gives_every_name_without_a_framework():
+    import subprocess
+    import sys
+
+    code = ("from hpcsuite.api import *\n"
+            "import sys\n"
+            "assert Batch._fields[:2] == ('ids', 'weights'), Batch\n"
+            "assert callable(torch_state) and callable(load_keras_state) and Run and Restored\n"
+            "print(sorted(m for m in ('torch', 'tensorflow', 'horovod') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+def _run_by_hand(tmp_path, env_extra: dict, script: str):
+    """A script run as `python train.py` in tmp_path: no Slurm, no hpcsuite job around it."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCSUITE_", "SLURM_"))}
+    env.update(HOME=str(tmp_path), **env_extra)
+    return subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+HAND = """from hpcsuite import api
+run = api.Run()
+for batch in run.batches(20):
+    run.log(loss=1.0 / run.step)
+run.finish(params={"w": [1.0, 2.0]})
+print("rank", run.rank, "of", run.size, "steps", run.step, "dir", run.run_dir)
+"""
+
+
+def test_a_script_tried_by_hand_outside_a_job_says_how_to_run_it(tmp_path):
+    done = _run_by_hand(tmp_path, {}, HAND)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: hpcsuite.api.Run: not inside an "
+                                                   "hpcsuite job"), done.stderr
+    assert "hpcsuite submit SPEC.yaml" in lines[0] and "HPCSUITE_SPEC=SPEC.yaml python train.py" \
+        in lines[0]
+
+
+def test_a_script_tried_by_hand_with_a_spec_runs_in_one_process(tmp_path):
+    (tmp_path / "job.yaml").write_text("name: hand\ntrain: {script: train.py, batch_size: 5, "
+                                       "epochs: 2, checkpoint: {every_steps: 2}}\n")
+    done = _run_by_hand(tmp_path, {"HPCSUITE_SPEC": "job.yaml"}, HAND)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 of 1 steps 8 dir" in done.stdout
+    run_dir = Path(done.stdout.split(" dir ")[1].strip())
+    assert run_dir.parent == tmp_path / "runs" / "hand" / "local"
+    r = Results.load(run_dir / "results.json")
+    assert (r.status, r.final_step, r.world_size, r.mode) == ("completed", 8, 1, "script")
+    assert json.loads((run_dir / "job.json").read_text())["name"] == "hand"
+
+
+def test_a_bad_spec_tried_by_hand_is_one_line_naming_the_key(tmp_path):
+    (tmp_path / "job.yaml").write_text("name: hand\ntrain: {script: train.py, bach_size: 5}\n")
+    done = _run_by_hand(tmp_path, {"HPCSUITE_SPEC": "job.yaml"}, HAND)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    line, = done.stderr.strip().splitlines()
+    assert line.startswith("error: job.yaml: train.bach_size: ") and "batch_size" in line
+    done = _run_by_hand(tmp_path, {"HPCSUITE_SPEC": "nope.yaml"}, HAND)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: nope.yaml: no such file (HPCSUITE_SPEC or api.Run(spec=...): the job spec to try "
+        "this script with)")
