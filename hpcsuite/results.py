@@ -110,6 +110,10 @@ class Results:
     # one summary per attempt of this job that wrote results (each attempt's whole record is
     # results-attempt-N.json beside this file): attempt, status, start/final step, samples, ...
     attempts: list[dict] = field(default_factory=list)
+    # the whole job, every attempt joined by step (a later attempt's step replaces an earlier
+    # one's): steps, loss and samples_per_s (global batch / step time) per step, and
+    # attempt_starts: [{attempt, step (its first), status, world_size, samples_per_s, ...}]
+    history: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -160,8 +164,11 @@ class Results:
         """This attempt's whole record as results-attempt-N.json, and results.json: the same,
         with a summary of every attempt of the job (a requeued job keeps its run directory)."""
         run_dir = Path(run_dir)
-        write_json_atomic(run_dir / attempt_file(self.attempt), {**self.to_json(), "attempts": []})
-        self.attempts = attempt_summaries(run_dir, strict=False)
+        write_json_atomic(run_dir / attempt_file(self.attempt),
+                          {**self.to_json(), "attempts": [], "history": {}})
+        every = attempt_results(run_dir, strict=False)
+        self.attempts = [summary(number, r) for number, r in every]
+        self.history = history([r for _, r in every if isinstance(r, Results)])
         path = run_dir / RESULTS
         write_json_atomic(path, self.to_json())
         return path
@@ -170,18 +177,24 @@ class Results:
     def last_eval(self) -> dict | None:
         return self.eval[-1] if self.eval else None
 
+    def whole(self) -> dict:
+        """:attr:`history`, or this attempt's own series where the file has none (an older
+        hpcsuite wrote it)."""
+        return self.history if self.history.get("steps") else history([self])
+
 
 SUMMARY_KEYS = ("attempt", "job_id", "status", "world_size", "start_step", "final_step", "steps",
-                "samples", "elapsed_s", "samples_per_s", "checkpoint_time_s", "stop")
+                "samples", "elapsed_s", "samples_per_s", "samples_per_s_steady",
+                "checkpoint_time_s", "stop")
 
 
 def attempt_file(attempt: int) -> str:
     return f"results-attempt-{attempt}.json"
 
 
-def attempt_summaries(run_dir: str | Path, strict: bool = True) -> list[dict]:
-    """The summary of each attempt's results-attempt-N.json in ``run_dir``, by attempt; a
-    damaged one is a UserError naming it (``strict``) or a summary saying so."""
+def attempt_results(run_dir: str | Path, strict: bool = True) -> list[tuple[int, "Results | str"]]:
+    """Each attempt's results-attempt-N.json in ``run_dir``, by attempt: its Results, or (not
+    ``strict``) the one-line problem of a damaged one (``strict``: a UserError naming it)."""
     from .errors import UserError
 
     found = []
@@ -189,17 +202,52 @@ def attempt_summaries(run_dir: str | Path, strict: bool = True) -> list[dict]:
         number = path.name[len("results-attempt-"):-len(".json")]
         if number.isdigit():
             found.append((int(number), path))
-    out = []
+    out: list[tuple[int, Results | str]] = []
     for number, path in sorted(found):
         try:
-            data = Results.load(path).to_json()
+            out.append((number, Results.load(path)))
         except UserError as e:
             if strict:
                 raise
-            out.append({"attempt": number, "status": "damaged", "problem": str(e)})
-            continue
-        out.append({k: data.get(k) for k in SUMMARY_KEYS})
+            out.append((number, str(e)))
     return out
+
+
+def summary(number: int, r: "Results | str") -> dict:
+    """One attempt in results.json's ``attempts``: SUMMARY_KEYS, the first step it trained
+    and its first and last loss (a damaged file: what is wrong with it)."""
+    if not isinstance(r, Results):
+        return {"attempt": number, "status": "damaged", "problem": r}
+    data = r.to_json()
+    return {**{k: data.get(k) for k in SUMMARY_KEYS}, "first_step": r.start_step + 1,
+            "loss_first": r.loss[0] if r.loss else None, "loss_last": r.loss[-1] if r.loss else None}
+
+
+def attempt_summaries(run_dir: str | Path, strict: bool = True) -> list[dict]:
+    """The summary of each attempt's results-attempt-N.json in ``run_dir``, by attempt."""
+    return [summary(number, r) for number, r in attempt_results(run_dir, strict)]
+
+
+def history(attempts: list["Results"]) -> dict:
+    """The attempts of one job (oldest first) as one run: loss and throughput per step from
+    the first step any of them trained, and where each began. A step two attempts trained
+    (the later one resumed from a checkpoint before it) is the later attempt's."""
+    by_step: dict[int, tuple] = {}
+    starts = []
+    for r in attempts:
+        first = r.start_step + 1
+        batch = r.batch_size_per_rank * r.grad_accumulation * r.world_size
+        for i in range(max(len(r.loss), len(r.step_times_s))):
+            t = r.step_times_s[i] if i < len(r.step_times_s) else 0.0
+            by_step[first + i] = (r.loss[i] if i < len(r.loss) else None,
+                                  batch / t if t > 0 and batch else None)
+        starts.append({"attempt": r.attempt, "step": first, "final_step": r.final_step,
+                       "status": r.status, "world_size": r.world_size,
+                       "samples_per_s": r.samples_per_s,
+                       "samples_per_s_steady": r.samples_per_s_steady})
+    steps = sorted(by_step)
+    return {"steps": steps, "loss": [by_step[k][0] for k in steps],
+            "samples_per_s": [by_step[k][1] for k in steps], "attempt_starts": starts}
 
 
 def step_stats(times: list[float]) -> dict:
@@ -220,9 +268,12 @@ def describe_eval(ev: dict[str, Any]) -> str:
 
 
 def _metrics_line(metrics: dict) -> str:
-    """A script's own numbers: scalars as they are, series by their last value."""
+    """A script's own numbers: scalars as they are, series by their last value (the loss has
+    its own line)."""
     parts = []
     for key, value in sorted(metrics.items()):
+        if key == "loss":
+            continue
         if isinstance(value, list) and value and isinstance(value[-1], (int, float)):
             parts.append(f"{key} {value[-1]:.4g} (last of {len(value)})")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -243,9 +294,9 @@ def summarize(run_dir: str | Path) -> str:
         f"on {', '.join(r.hosts) or '?'}, backend {r.backend}" + (", script mode" if r.mode == "script" else ""),
         f"  samples/s {r.samples_per_s:.1f} overall, {r.samples_per_s_steady:.1f} after warm-up; "
         f"step time median {median:.2f} ms",
-        f"  loss {r.loss[0]:.4f} -> {r.loss[-1]:.4f}" if r.loss else "  no loss recorded",
+        f"  {describe_loss(r)}",
         *([f"  {describe_eval(r.last_eval)}"] if r.last_eval else []),
-        *([f"  script metrics: {_metrics_line(r.metrics)}"] if r.metrics else []),
+        *([f"  script metrics: {_metrics_line(r.metrics)}"] if set(r.metrics) - {"loss"} else []),
         f"  parameters: {same}",
         *([f"  checkpoints: {len(r.checkpoints)} saved, last {r.checkpoints[-1]['path']}"]
           if r.checkpoints else []),
@@ -271,6 +322,41 @@ def describe_stop(r: "Results") -> str:
 
 
 def describe_attempts(attempts: list[dict]) -> str:
-    return "; ".join(f"{a.get('attempt')}: {a.get('status')} at step {a.get('final_step')}"
-                     f" ({a.get('start_step')}->{a.get('final_step')}, {a.get('world_size')} ranks)"
-                     for a in attempts)
+    """Each attempt in one line: how it ended, the steps it trained, its ranks and throughput."""
+    parts = []
+    for a in attempts:
+        if a.get("status") == "damaged":
+            parts.append(f"{a.get('attempt')}: damaged ({a.get('problem')})")
+            continue
+        first = a.get("first_step", (a.get("start_step") or 0) + 1)
+        rate = a.get("samples_per_s")
+        parts.append(f"{a.get('attempt')}: {a.get('status')} at step {a.get('final_step')} "
+                     f"(steps {first}-{a.get('final_step')}, {a.get('world_size')} ranks"
+                     + (f", {rate:.1f} samples/s" if isinstance(rate, (int, float)) else "") + ")")
+    return "; ".join(parts)
+
+
+def describe_loss(r: "Results") -> str:
+    """The loss from the first step the job trained to its last, over every attempt, and
+    where each later attempt began (its first step)."""
+    h = r.whole()
+    points = [(s, v) for s, v in zip(h.get("steps", []), h.get("loss", [])) if v is not None]
+    if not points:
+        return "no loss recorded"
+    (s0, first), (s1, last) = points[0], points[-1]
+    starts = h.get("attempt_starts", [])
+    if len(starts) <= 1 and s0 == r.start_step + 1:
+        return f"loss {first:.4f} -> {last:.4f}"
+    began = ", ".join(f"attempt {a['attempt']} at step {a['step']}" for a in starts[1:])
+    return (f"loss {first:.4f} at step {s0} -> {last:.4f} at step {s1}, over "
+            f"{len(starts)} attempt{'s' if len(starts) != 1 else ''}"
+            + (f" (began: {began})" if began else ""))
+
+
+def describe_run(r: "Results") -> str:
+    """The whole job in one line (``status``): its loss over every attempt and each
+    attempt's throughput."""
+    rates = ", ".join(f"{a['attempt']}: {a['samples_per_s']:.1f}"
+                      for a in r.whole().get("attempt_starts", [])
+                      if isinstance(a.get("samples_per_s"), (int, float)))
+    return f"{describe_loss(r)}; samples/s by attempt {rates or 'not recorded'}"

@@ -1,7 +1,12 @@
 """`hpcsuite report RUN`: PNG plots of one run from its results.json (matplotlib, headless).
 
-loss.png        the global loss per optimizer step (and validation loss, when there was one)
-throughput.png  samples/s of every step (all ranks), with a rolling median
+loss.png        the loss per optimizer step from the first step the job trained, over every
+                attempt of a requeued job (a dashed line where each later attempt began), and
+                the validation loss when there was one. The managed loop's loss is the mean
+                over all ranks' samples; a script's is what rank 0 gave run.log()
+throughput.png  samples/s of every step (global batch / rank 0's step time), with a rolling
+                median and each attempt's throughput after warm-up
+metrics.png     script mode: each other series the script gave run.log(), as rank 0 logged it
 utilisation.png with train.monitor: each rank's CPU (or GPU) use and memory over time
 
 and, for each Horovod timeline window the run recorded (``train.monitor.timeline_steps``), the
@@ -89,53 +94,106 @@ def plot(run_dir: Path, out: Path | None = None) -> list[Path]:
     r = load(run_dir)
     out = out or run_dir
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    steps = list(range(r.start_step + 1, r.start_step + 1 + len(r.loss)))
+    h = r.whole()
+    starts = h.get("attempt_starts", [])
+    title = f"{r.job} (job {r.job_id})" + (f", {len(starts)} attempts" if len(starts) > 1 else "")
+    written = [_loss_plot(plt, r, h, title, out / "loss.png"),
+               _throughput_plot(plt, r, h, title, out / "throughput.png")]
+    series = {k: v for k, v in r.metrics.items() if k != "loss" and isinstance(v, list)
+              and v and all(isinstance(x, (int, float)) for x in v)}
+    if r.mode == "script" and series:
+        written.append(_metrics_plot(plt, r, series, title, out / "metrics.png"))
+    if r.utilisation and any(r.utilisation):
+        written.append(_utilisation_plot(plt, r, title, out / "utilisation.png"))
+    return written
 
+
+def _attempt_lines(ax, starts: list[dict]) -> None:
+    """A dashed vertical line where each attempt after the first began (its first step)."""
+    for k, a in enumerate(starts[1:]):
+        ax.axvline(a["step"], color="0.4", ls="--", lw=0.8,
+                   label="an attempt began (requeued)" if k == 0 else None)
+        ax.annotate(f"attempt {a['attempt']}", (a["step"], 1), xycoords=("data", "axes fraction"),
+                    xytext=(2, -10), textcoords="offset points", fontsize=7, color="0.3")
+
+
+def _loss_plot(plt, r, h: dict, title: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    if r.loss:
-        ax.plot(steps, r.loss, lw=1, label="training loss (all ranks)")
+    points = [(s, v) for s, v in zip(h.get("steps", []), h.get("loss", [])) if v is not None]
+    what = "training loss, rank 0's (run.log)" if r.mode == "script" else \
+        "training loss, mean over all ranks"
+    if points:
+        ax.plot([s for s, _ in points], [v for _, v in points], lw=1, label=what)
     for ev in [e for e in r.eval if e.get("loss") is not None][:200]:
         ax.plot([ev["step"]], [ev["loss"]], "o", color="C3")
     if r.eval:
-        ax.plot([], [], "o", color="C3", label="validation loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
-    ax.set_title(f"{r.job} (job {r.job_id}): loss")
-    if r.loss and min(r.loss) > 0:
+        ax.plot([], [], "o", color="C3", label="validation loss (held-out samples, all ranks)")
+    _attempt_lines(ax, h.get("attempt_starts", []))
+    ax.set_xlabel("optimizer step (counted from the job's first)")
+    ax.set_ylabel("loss (per sample)" + (", log scale" if points and min(v for _, v in points) > 0 else ""))
+    ax.set_title(f"{title}: loss per step")
+    if points and min(v for _, v in points) > 0:
         ax.set_yscale("log")
-    ax.legend()
-    written.append(_save(fig, out / "loss.png"))
+    if points or r.eval:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
 
+
+def _throughput_plot(plt, r, h: dict, title: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    per_rank = r.batch_size_per_rank * r.grad_accumulation * r.world_size
-    rates = [per_rank / t for t in r.step_times_s if t > 0]
-    if rates:
-        ax.plot(steps[:len(rates)], rates, lw=0.5, alpha=0.5, label="per step")
-        ax.plot(steps[:len(rates)], _rolling_median(rates, min(25, len(rates))), lw=1.5,
-                label="rolling median (25 steps)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("samples/s (all ranks)")
-    ax.set_title(f"{r.job}: throughput, {r.world_size} ranks")
-    ax.legend()
-    written.append(_save(fig, out / "throughput.png"))
+    points = [(s, v) for s, v in zip(h.get("steps", []), h.get("samples_per_s", [])) if v]
+    starts = h.get("attempt_starts", [])
+    if points:
+        ax.plot([s for s, _ in points], [v for _, v in points], lw=0.5, alpha=0.5, label="per step")
+        bounds = [a["step"] for a in starts[1:]]
+        for k, lo in enumerate([0, *bounds]):         # a median never mixes two attempts
+            hi = bounds[k] if k < len(bounds) else float("inf")
+            part = [(s, v) for s, v in points if lo <= s < hi]
+            if part:
+                rates = [v for _, v in part]
+                ax.plot([s for s, _ in part], _rolling_median(rates, min(25, len(rates))), lw=1.5,
+                        color="C1", label="rolling median (25 steps)" if k == 0 else None)
+    for k, a in enumerate(starts):
+        end = starts[k + 1]["step"] - 1 if k + 1 < len(starts) else a.get("final_step", a["step"])
+        if a.get("samples_per_s_steady"):
+            ax.hlines(a["samples_per_s_steady"], a["step"], max(end, a["step"]), colors="C3", lw=1.5,
+                      label="each attempt after warm-up" if k == 0 else None)
+    _attempt_lines(ax, starts)
+    ranks = sorted({a.get("world_size") for a in starts} - {None}) or [r.world_size]
+    ax.set_xlabel("optimizer step (counted from the job's first)")
+    ax.set_ylabel("samples/s, all ranks (global batch / step time)")
+    ax.set_title(f"{title}: throughput, {'/'.join(map(str, ranks))} ranks")
+    if points:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
 
-    if r.utilisation and any(r.utilisation):
-        gpu = any("gpu_percent" in s for series in r.utilisation for s in series)
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-        for rank, series in enumerate(r.utilisation):
-            t = [s["t"] for s in series]
-            top.plot(t, [s.get("gpu_percent" if gpu else "cpu_percent", 0.0) for s in series],
-                     lw=1, label=f"rank {rank}")
-            bottom.plot(t, [s.get("gpu_memory_bytes" if gpu else "rss_bytes", 0) / 2**20
-                            for s in series], lw=1, label=f"rank {rank}")
-        top.set_ylabel("GPU utilisation %" if gpu else "CPU % of one core")
-        bottom.set_ylabel("GPU memory MiB" if gpu else "resident memory MiB")
-        bottom.set_xlabel("seconds since training began")
-        top.set_title(f"{r.job}: utilisation")
-        top.legend()
-        written.append(_save(fig, out / "utilisation.png"))
-    return written
+
+def _metrics_plot(plt, r, series: dict, title: str, path: Path) -> Path:
+    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 + 1.6 * len(series)), sharex=True,
+                             squeeze=False)
+    for ax, (name, values) in zip(axes[:, 0], sorted(series.items())):
+        ax.plot(range(r.start_step + 1, r.start_step + 1 + len(values)), values, lw=1)
+        ax.set_ylabel(name)
+    axes[-1, 0].set_xlabel("optimizer step (this attempt)")
+    axes[0, 0].set_title(f"{title}: the script's run.log() values, rank 0's")
+    return _save(fig, path)
+
+
+def _utilisation_plot(plt, r, title: str, path: Path) -> Path:
+    gpu = any("gpu_percent" in s for series in r.utilisation for s in series)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for rank, series in enumerate(r.utilisation):
+        t = [s["t"] for s in series]
+        top.plot(t, [s.get("gpu_percent" if gpu else "cpu_percent", 0.0) for s in series],
+                 lw=1, label=f"rank {rank}")
+        bottom.plot(t, [s.get("gpu_memory_bytes" if gpu else "rss_bytes", 0) / 2**20
+                        for s in series], lw=1, label=f"rank {rank}")
+    top.set_ylabel("GPU utilisation %" if gpu else "CPU % of one core")
+    bottom.set_ylabel("GPU memory MiB" if gpu else "resident memory MiB")
+    bottom.set_xlabel("seconds since training began (last attempt)")
+    top.set_title(f"{title}: utilisation per rank")
+    top.legend(fontsize=8)
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:
