@@ -124,6 +124,10 @@ def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits, name
     assert r["attempt"] == 1 and r["status"] == "completed" and r["mode"] == "script"
     assert 0 < r["start_step"] < r["final_step"] == 400 * 23
     assert r["resumed_from"] and len(set(r["param_checksums"])) == 1
+    h = r["history"]                                 # the whole job, from its first step
+    assert h["steps"] == list(range(1, 400 * 23 + 1)) and None not in h["loss"]
+    assert [a["step"] for a in h["attempt_starts"]] == [1, r["start_step"] + 1]
+    assert h["loss"][0] > 3 * h["loss"][-1]          # it learnt across the requeue
 
 
 RAISES = """
