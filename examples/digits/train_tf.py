@@ -3,6 +3,11 @@ checkpoints, preemption and results (see hpcsuite.api).
 
     cd examples/digits && hpcsuite submit digits-script-tf.yaml --wait
 
+By hand, in one process: `HPCSUITE_SPEC=digits-script-tf.yaml python train_tf.py`.
+
+Checkpoints hold the model and the optimizer (its iterations, moments and learning rate):
+api.keras_state() and api.load_keras_state().
+
 Keras 3 variables are not tf.Variables, which Horovod's TensorFlow API needs (horovod issue
 #4290): pass ``v.value`` (the tf.Variable underneath) to DistributedGradientTape and
 broadcast_variables, as below.
@@ -44,9 +49,7 @@ def main() -> None:
 
     restored = run.restore()
     if restored:                                  # every rank reads the same checkpoint
-        for group, variables in (("model", model.variables), ("optimizer", optimizer.variables)):
-            for v in variables:
-                v.assign(restored.state[group][v.path])
+        api.load_keras_state(model, optimizer, restored.state)   # the model and the optimizer
     else:                                         # a fresh start: rank 0's weights everywhere
         hvd.broadcast_variables(tf_vars(model.variables) + tf_vars(optimizer.variables), root_rank=0)
 
@@ -61,28 +64,24 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return tf.reduce_sum(per_sample)
 
-    def state():
-        return {"model": {v.path: v.numpy() for v in model.variables},
-                "optimizer": {v.path: v.numpy() for v in optimizer.variables}}
-
     for batch in run.batches(len(train)):
         x, y = train[batch.ids]
         # Horovod averages over ranks: scale so the step's loss is the mean over its real samples.
         loss_sum = step(x, y, batch.weights, tf.constant(hvd.size() / batch.step_real, tf.float32))
         run.log(loss=float(loss_sum) / max(batch.real, 1))
         if run.should_stop():
-            run.save(state())
+            run.save(api.keras_state(model, optimizer))
             break
         if run.checkpoint_due():
-            run.save(state())
+            run.save(api.keras_state(model, optimizer))
     else:
-        run.save(state(), reason="final")
+        run.save(api.keras_state(model, optimizer), reason="final")
 
     ids = np.arange(hvd.rank(), len(test), hvd.size())
     x, y = test[ids]
     correct = int(np.sum(np.argmax(model(x, training=False), axis=1) == y))
     correct = sum(hvd.allgather_object(correct))
-    run.finish(params=state()["model"], test_accuracy=correct / len(test))
+    run.finish(params=api.keras_state(model)["model"], test_accuracy=correct / len(test))
 
 
 if __name__ == "__main__":

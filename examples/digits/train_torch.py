@@ -4,7 +4,14 @@ preemption and results (see hpcsuite.api).
     cd examples/digits && hpcsuite submit digits-script-torch.yaml --wait
 
 hpcsuite launches this file on every rank (`train.script`), with `train.args` as its arguments.
-The same file runs by hand on one process too: `python train_torch.py`.
+The same file runs by hand in one process too, with the spec resolved here (outputs in
+runs/digits-script-torch/local/):
+
+    HPCSUITE_SPEC=digits-script-torch.yaml python train_torch.py
+
+Checkpoints hold the model and the optimizer (AdamW's moments and step counts, its learning
+rate): api.torch_state() makes them numpy arrays for run.save(), api.load_torch_state() puts
+them back, so a resumed run continues exactly where the saved one was.
 """
 
 import argparse
@@ -16,32 +23,6 @@ import torch
 from data import digits
 from hpcsuite import api
 from model import build
-
-
-def numpy_state(module) -> dict:
-    return {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-
-
-def optimizer_arrays(optimizer) -> dict:
-    """The optimizer's state (moments, step counts) as named numpy arrays for run.save()."""
-    out = {}
-    for idx, entry in optimizer.state_dict()["state"].items():
-        for key, value in entry.items():
-            out[f"{idx}.{key}"] = value.cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
-    return out
-
-
-def load_optimizer_arrays(optimizer, arrays: dict) -> None:
-    state: dict = {}
-    for name, value in arrays.items():
-        idx, key = name.split(".", 1)
-        state.setdefault(int(idx), {})[key] = torch.from_numpy(np.array(value))
-    optimizer.load_state_dict({"state": state,
-                               "param_groups": optimizer.state_dict()["param_groups"]})
-
-
-def checkpoint(model, optimizer) -> dict:
-    return {"model": numpy_state(model), "optimizer": optimizer_arrays(optimizer)}
 
 
 def main() -> None:
@@ -58,8 +39,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr * hvd.size())
     restored = run.restore()                      # the latest checkpoint, if this job has one
     if restored:                                  # (every rank reads the same one)
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in restored.state["model"].items()})
-        load_optimizer_arrays(optimizer, restored.state.get("optimizer", {}))
+        api.load_torch_state(model, optimizer, restored.state)   # the model and the optimizer
     else:                                         # a fresh start: rank 0's weights everywhere
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -76,13 +56,13 @@ def main() -> None:
         optimizer.step()
         run.log(loss=float((per_sample * weights).sum().detach()) / max(batch.real, 1))
         if run.should_stop():                     # a preemption signal: save and leave
-            run.save(checkpoint(model, optimizer))
+            run.save(api.torch_state(model, optimizer))
             break
         if run.checkpoint_due():
-            run.save(checkpoint(model, optimizer))
+            run.save(api.torch_state(model, optimizer))
 
     else:
-        run.save(checkpoint(model, optimizer), reason="final")   # the loop ran to its end
+        run.save(api.torch_state(model, optimizer), reason="final")   # the loop ran to its end
 
     model.eval()
     with torch.no_grad():                         # each rank scores a share of the test set
@@ -90,7 +70,7 @@ def main() -> None:
         x, y = test[ids]
         correct = int((model(torch.from_numpy(x)).argmax(1) == torch.from_numpy(y)).sum())
     correct = sum(hvd.allgather_object(correct))
-    run.finish(params=numpy_state(model), test_accuracy=correct / len(test))
+    run.finish(params=api.torch_state(model)["model"], test_accuracy=correct / len(test))
 
 
 if __name__ == "__main__":
