@@ -38,7 +38,7 @@ LAYER_EXTRAS = ("defaults", "env", "locked")
 SYSTEM_DIR = Path("/etc/hpcsuite")
 # Profile keys that describe the cluster: once a site profile is in force, only it sets them.
 SITE_ONLY = ("name", "contact", "pinned", "allow_unlimited_time", "module_init", "partitions",
-             "mpi")
+             "mpi", "sbatch_allowed")
 # Profile lists that later layers add to and never replace: the site's lines always run.
 APPENDED = ("modules", "module_paths", "setup")
 
@@ -185,7 +185,20 @@ def check_job_key(key: str, source: str, where: str) -> None:
     valid = key_paths(JobSpec)
     if key in valid or (key.startswith("env.") and key[4:].isidentifier()):
         return
-    raise ConfigError(source, where, f"{show(key)} is not a job key{close_match(key, valid)}")
+    # Said as a file's unknown key is: the first unknown part, its close match and the valid
+    # keys at that level.
+    if where != key:                 # a lock names a key: the closest whole key
+        raise ConfigError(source, where, f"{show(key)} is not a job key{close_match(key, valid)}")
+    parts = key.split(".")
+    for i in range(len(parts)):
+        prefix = ".".join(parts[:i + 1])
+        if not any(v == prefix or v.startswith(prefix + ".") for v in valid):
+            break
+    parent = ".".join(parts[:i])
+    level = sorted({v[len(parent) + 1:].split(".")[0] if parent else v.split(".")[0]
+                    for v in valid if not parent or v.startswith(parent + ".")})
+    raise ConfigError(source, ".".join(parts[:i + 1]),
+                      f"unknown key{close_match(parts[i], level)}; valid keys: {', '.join(level)}")
 
 
 def check_profile_key(key: str, source: str, where: str) -> None:
@@ -277,7 +290,77 @@ def resolve(spec_path: str | None, profile_path: str | None = None, sets: Iterab
     job, profile, origins = merge(layers)
     built = spec_from_dict(job, spec_path or "(no spec)")
     site = build(SiteProfile, profile, next((l.source for l in layers if l.name == "site"), "site"))
+    check_site_rules(built, site, origins, layers)
     return Resolved(built, site, origins, tuple(layers))
+
+
+def check_site_rules(job: JobSpec, profile: SiteProfile, origins: dict[str, str],
+                     layers: Iterable[Layer]) -> None:
+    """What the job asks of Slurm against what the site allows: the partition's account, QOS,
+    reservation and constraint, its allow-lists, and the site's sbatch_allowed. Errors name
+    the file (layer) that set the key."""
+    r = job.resources
+    partition = profile.partitions.get(r.partition or "")
+
+    def refuse(key: str, message: str) -> None:
+        raise ConfigError(_source_of(f"job.{key}", origins, layers), key, message)
+
+    for key, allowed in (("account", "allow_accounts"), ("qos", "allow_qos")):
+        value = getattr(r, key)
+        if value is None or partition is None:
+            continue
+        fixed, choices = getattr(partition, key), getattr(partition, allowed)
+        if fixed and value != fixed:
+            refuse(f"resources.{key}", f"partition {r.partition} runs every job with {key} "
+                                       f"{fixed}; leave resources.{key} unset or write {fixed}")
+        if choices and value not in choices:
+            refuse(f"resources.{key}", f"{value!r} is not allowed on partition {r.partition}"
+                                       f"{close_match(value, choices)}; it allows: "
+                                       f"{', '.join(choices)}")
+    if r.constraint and partition is not None and partition.constraint \
+            and r.constraint != partition.constraint:
+        refuse("resources.constraint", f"partition {r.partition} requires the features "
+                                       f"{partition.constraint} for every job; leave "
+                                       "resources.constraint unset")
+    if "NONE" in r.mail_type and len(r.mail_type) > 1:
+        refuse("resources.mail_type", "NONE cannot be combined with other mail types")
+    allowed = profile.sbatch_allowed
+    for option, value in r.extra_sbatch.items():
+        key = f"resources.extra_sbatch.{option}"
+        if option not in allowed:
+            listed = ", ".join(allowed) if allowed else "none (sbatch_allowed is empty)"
+            refuse(key, f"--{option} is not an sbatch option this site allows"
+                        f"{close_match(option, allowed)}; it allows: {listed}")
+        problem = _extra_problem(option, value, partition)
+        if problem:
+            refuse(key, problem)
+
+
+def _extra_problem(option: str, value: bool | str, partition: Any) -> str | None:
+    from .sbatch_header import LONG
+
+    kind = LONG[option]   # sbatch_allowed holds sbatch options only
+    if kind == "0" and not isinstance(value, bool):
+        return f"--{option} takes no value: write true (or false to leave it out)"
+    if kind == "1" and isinstance(value, bool):
+        return f"--{option} needs a value"
+    if partition is not None and getattr(partition, option.replace("-", "_"), None):
+        return f"the partition sets --{option} for every job"
+    return None
+
+
+def _source_of(key: str, origins: dict[str, str], layers: Iterable[Layer]) -> str:
+    """The file of the layer that set ``key`` (or the nearest key above or below it)."""
+    label = origins.get(key) or next((v for k, v in origins.items() if k.startswith(key + ".")),
+                                     None)
+    parent = key
+    while label is None and "." in parent:
+        parent = parent.rsplit(".", 1)[0]
+        label = origins.get(parent)
+    for layer in layers:
+        if label and layer.label == label.split(" + ")[-1]:
+            return layer.source
+    return label or "(configuration)"
 
 
 def merged_view(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),

@@ -22,6 +22,11 @@ class LaunchContext(Record):
     env_names: tuple[str, ...]       # variables every rank must see
 
 
+def binding(ctx: LaunchContext, key: str) -> str | None:
+    """The job's CPU binding setting ``key``, else the site's (mpi.binding)."""
+    return getattr(ctx.job.resources.binding, key) or getattr(ctx.mpi.binding, key)
+
+
 class Launcher:
     name: ClassVar[str]
 
@@ -36,10 +41,12 @@ class MpirunLauncher(Launcher):
 
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
-        # Horovod's runner flags: fill each node's slots in order (under Slurm, a node's slots
-        # are its tasks per node), and no core binding: each rank manages its own threads.
+        # Horovod's runner flags by default (mpi.binding): fill each node's slots in order
+        # (under Slurm, a node's slots are its tasks per node), and no core binding: each rank
+        # manages its own threads.
         argv: list[object] = ["mpirun", "-np", ctx.job.world_size, "-npernode", r.tasks_per_node,
-                              "--map-by", "slot", "--bind-to", "none"]
+                              "--map-by", binding(ctx, "map_by") or "slot",
+                              "--bind-to", binding(ctx, "bind_to") or "none"]
         for key, value in ctx.mpi.mca.items():
             argv += ["--mca", key, value]
         for name in ctx.env_names:
@@ -54,9 +61,12 @@ class SrunLauncher(Launcher):
 
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
+        cpu_bind = binding(ctx, "cpu_bind")
         return ["srun", f"--mpi={ctx.mpi.srun_mpi}", "--kill-on-bad-exit=1",
                 f"--ntasks={ctx.job.world_size}", f"--ntasks-per-node={r.tasks_per_node}",
-                f"--cpus-per-task={r.cpus_per_task}", *ctx.mpi.srun_args, *ctx.command]
+                f"--cpus-per-task={r.cpus_per_task}",
+                *([f"--cpu-bind={cpu_bind}"] if cpu_bind else []), *ctx.mpi.srun_args,
+                *ctx.command]
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (MpirunLauncher, SrunLauncher)}

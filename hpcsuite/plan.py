@@ -89,6 +89,40 @@ HEADER_KEYS = {
     "output_dir": ("output", lambda job, root: f"{root}/slurm-%j.out"),
 }
 PARTITION_OPTIONS = ("account", "qos", "reservation", "constraint")
+# The resources keys behind Resources.sbatch_options (extra_sbatch: one key per option).
+OPTION_KEYS = {"account": "resources.account", "qos": "resources.qos",
+               "constraint": "resources.constraint", "exclusive": "resources.exclusive",
+               "mail-type": "resources.mail_type", "mail-user": "resources.mail_user",
+               "begin": "resources.begin", "comment": "resources.comment"}
+
+
+def requested_options(job: JobSpec, partition, locks: tuple[str, ...]
+                      ) -> tuple[dict[str, str | None], dict[str, str]]:
+    """The options the job's resources ask for, each of which must reach sbatch exactly as
+    asked (whatever the template), and the locked ones it leaves unset, which no template may
+    add."""
+    from .sbatch_header import FLAG
+
+    fixed: dict[str, str | None] = {}
+    why: dict[str, str] = {}
+    for option, value in job.resources.sbatch_options(partition):
+        fixed[option] = FLAG if value is None else value
+        why[option] = f"{OPTION_KEYS.get(option, 'resources.extra_sbatch.' + option)} asks for it"
+    for option, key in OPTION_KEYS.items():
+        lock = next((l for l in locks if key == l or key.startswith(l + ".")), None)
+        if lock and option not in fixed:
+            fixed[option], why[option] = None, f"the site locks {lock}"
+    return fixed, why
+
+
+def check_allowed(found: dict, partition, partition_name: str | None, source: str) -> None:
+    """The account and QOS sbatch reads must be on the partition's allow-lists."""
+    for option, allowed in (("account", "allow_accounts"), ("qos", "allow_qos")):
+        choices = getattr(partition, allowed, None) if partition else None
+        got = found.get(option)
+        if choices and got is not None and got.value not in choices:
+            raise HeaderError(f"{source}:{got.line}: #SBATCH --{option}={got.value[:40]!r} is not "
+                              f"allowed on partition {partition_name} ({', '.join(choices)})")
 
 
 def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
@@ -106,6 +140,10 @@ def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
         if getattr(partition, option):
             fixed[option] = getattr(partition, option)
             why[option] = f"the site profile sets it for partition {job.resources.partition}"
+    requested, reasons = requested_options(job, partition, locks)
+    for option in requested:
+        if option not in fixed:
+            fixed[option], why[option] = requested[option], reasons[option]
     return fixed, why
 
 
@@ -119,6 +157,7 @@ def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[s
     got = found.get("time")
     partition_name = found["partition"].value if "partition" in found else job.resources.partition
     partition = profile.partitions.get(partition_name or "")
+    check_allowed(found, partition, partition_name, source)
     if got is None:
         return
     try:
@@ -149,6 +188,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "job": job,
         "site": profile,
         "partition": partition,
+        "sbatch_options": job.resources.sbatch_options(partition),
         "version": __version__,
         "template_name": job.template,
         "digest": job.digest(),

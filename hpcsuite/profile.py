@@ -11,11 +11,53 @@ from dataclasses import field
 from typing import Optional
 
 from .records import Record, record
-from .spec import NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, _m
+from .spec import (CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP,
+                   Binding, _m)
 
 MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
-# A Slurm feature expression: names joined by & | , with counts [*N] and brackets.
-CONSTRAINT = r"[A-Za-z0-9_.,:|&*\[\]()-]{1,256}"
+
+# sbatch options hpcsuite writes itself, from these job keys: a site lists them in
+# sbatch_allowed in vain (users set the key; the site locks it).
+MANAGED_OPTIONS = {
+    "job-name": "name", "nodes": "resources.nodes", "ntasks-per-node": "resources.tasks_per_node",
+    "cpus-per-task": "resources.cpus_per_task", "gpus-per-node": "resources.gpus_per_node",
+    "time": "resources.time", "partition": "resources.partition", "mem": "resources.mem",
+    "output": "output_dir", "account": "resources.account", "qos": "resources.qos",
+    "constraint": "resources.constraint", "exclusive": "resources.exclusive",
+    "mail-type": "resources.mail_type", "mail-user": "resources.mail_user",
+    "begin": "resources.begin", "comment": "resources.comment",
+    "signal": "train.preemption.lead_seconds", "requeue": "train.preemption.requeue",
+    "open-mode": "train.preemption.requeue",
+}
+# sbatch options that would break how a job runs under hpcsuite, whatever a site allows.
+REFUSED_OPTIONS = {
+    "wrap": "it replaces the script", "chdir": "run directories are relative to the submit "
+    "directory", "error": "the job's log is its run directory's slurm-%j.out",
+    "input": "ranks read no standard input", "export": "hpcsuite exports the job's environment",
+    "export-file": "hpcsuite exports the job's environment",
+    "get-user-env": "hpcsuite exports the job's environment", "uid": "root only", "gid": "root only",
+    "array": "hpcsuite runs one job per submit (studies submit many)",
+    "help": "not a job option", "usage": "not a job option", "version": "not a job option",
+    "parsable": "not a job option", "test-only": "not a job option", "wait": "submit --wait waits",
+    "batch": "not a job option", "ignore-pbs": "not a job option", "no-requeue":
+    "train.preemption decides requeueing", "ntasks": "resources.nodes x tasks_per_node",
+    "tasks-per-node": "resources.tasks_per_node", "nodefile": "hpcsuite places ranks itself",
+}
+
+
+def sbatch_allowed_problem(option: str) -> str | None:
+    """Why a site may not list ``option`` in sbatch_allowed (None: it may)."""
+    from .sbatch_header import LONG
+
+    if option in MANAGED_OPTIONS:
+        return f"hpcsuite writes --{option} from {MANAGED_OPTIONS[option]}; lock that key instead"
+    if option in REFUSED_OPTIONS:
+        return f"--{option} cannot be passed through hpcsuite ({REFUSED_OPTIONS[option]})"
+    if option not in LONG:
+        from .errors import close_match
+
+        return f"--{option} is not an sbatch option (Slurm 22.05){close_match(option, LONG)}"
+    return None
 
 
 @record
@@ -32,7 +74,13 @@ class Partition(Record):
         "reservation every job on this partition uses", pattern=NAME, pattern_help=NAME_HELP))
     constraint: Optional[str] = field(default=None, metadata=_m(
         "node features every job on this partition requires", pattern=CONSTRAINT,
-        pattern_help="a Slurm feature expression: names with & | , [ ] ( ) * :"))
+        pattern_help=CONSTRAINT_HELP))
+    allow_accounts: list[str] = field(default_factory=list, metadata=_m(
+        "accounts a job on this partition may choose with resources.account (empty: any)",
+        pattern=NAME, pattern_help=NAME_HELP))
+    allow_qos: list[str] = field(default_factory=list, metadata=_m(
+        "QOS a job on this partition may choose with resources.qos (empty: any)",
+        pattern=NAME, pattern_help=NAME_HELP))
 
 
 @record
@@ -49,6 +97,9 @@ class Mpi(Record):
                                             key_help="not an MCA parameter name"))
     mpirun_args: list[str] = field(default_factory=list, metadata=_m("extra mpirun arguments"))
     srun_args: list[str] = field(default_factory=list, metadata=_m("extra srun arguments"))
+    binding: Binding = field(default_factory=lambda: Binding("none", "slot", None), metadata=_m(
+        "CPU binding: mpirun --bind-to/--map-by and srun --cpu-bind; a job's "
+        "resources.binding overrides it unless the site locks resources.binding"))
 
 
 @record
@@ -79,6 +130,10 @@ class SiteProfile(Record):
         "the cluster's partitions and what every job on each one gets", key_pattern=NAME,
         key_help=f"not a partition name ({NAME_HELP})"))
     mpi: Mpi = field(default_factory=Mpi)
+    sbatch_allowed: list[str] = field(default_factory=list, metadata=_m(
+        "sbatch long options users may pass with resources.extra_sbatch, e.g. [licenses, "
+        "reservation]", pattern=r"[a-z][a-z0-9-]{0,63}",
+        pattern_help="an sbatch long option name without --", check=sbatch_allowed_problem))
 
     def interpreter(self) -> str:
         return self.python or sys.executable

@@ -210,6 +210,19 @@ def effective(options: list[Option]) -> dict[str, Option]:
     return {o.name: o for o in options}
 
 
+# In check_fixed: the option must be there without a value (``#SBATCH --exclusive``).
+FLAG = "\0flag"   # NUL never comes from a value
+
+
+def quote_value(text: str) -> str:
+    """``text`` as one word for sbatch's tokeniser: as it is when plain, else in double quotes
+    with backslash and double quote escaped (both rules, 22.05's and later, read it back as
+    ``text``). The caller refuses control characters and the heterogeneous-job words."""
+    if text and not any(c in _SPACE or c in "'\"\\#" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def check_fixed(script: str, fixed: dict[str, str | None], source: str,
                 why: dict[str, str] | None = None) -> dict[str, Option]:
     """Refuse a script whose header does not carry exactly the ``fixed`` options.
@@ -227,7 +240,11 @@ def check_fixed(script: str, fixed: dict[str, str | None], source: str,
             if want is None and got is not None:
                 raise HeaderError(f"{source}:{got.line}: #SBATCH --{name} is not allowed here "
                                   f"({reason})")
-            if want is not None and (got is None or got.value != want):
+            if want == FLAG and (got is None or got.value is not None):
+                seen = "missing" if got is None else f"--{name}={_short(got.value)} on line {got.line}"
+                raise HeaderError(f"{source}: #SBATCH --{name} must be there without a value "
+                                  f"({reason}); the header sbatch reads has {seen}")
+            if want not in (None, FLAG) and (got is None or got.value != want):
                 seen = "missing" if got is None else f"--{name}={_short(got.value)} on line {got.line}"
                 raise HeaderError(f"{source}: #SBATCH --{name} must be {want!r} ({reason}); "
                                   f"the header sbatch reads has {seen}")

@@ -116,8 +116,20 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return convert(inner[0], value, source, path, meta, partial)
+        if len(inner) == 1:
+            return convert(inner[0], value, source, path, meta, partial)
+        # Several types (true/false or a word, as Slurm's --exclusive): the first that takes
+        # the value wins; if none does, one error naming them all.
+        for tp_i in inner:
+            try:
+                return convert(tp_i, value, source, path, meta, partial)
+            except ConfigError:
+                continue
+        raise ConfigError(source, path, f"{show(value)} is not valid: "
+                                        f"{meta.get('union_help') or ' or '.join(map(str, inner))}")
     if origin is Literal:
+        if meta.get("upper") and isinstance(value, str) and value.upper() in args:
+            value = value.upper()   # Slurm reads these words in any case
         if isinstance(value, (dict, list)) or value not in args:
             choices = ", ".join(str(a) for a in args)
             hint = close_match(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
@@ -148,6 +160,9 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
                 convert(vt, v, source, f"{path}.{names[k]}", value_meta, partial)
                 for k, v in value.items()}
     if origin in (list, tuple):
+        split = meta.get("split")
+        if split and isinstance(value, str):   # mail_type: END,FAIL as Slurm writes it
+            value = [part.strip() for part in value.split(split)]
         if not isinstance(value, list):
             raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
         # Constraints (min, pattern) on a list field apply to each item.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from .records import Record, record
 from .schema import build, read_yaml, to_dict
@@ -22,6 +22,27 @@ WALLTIME_HELP = ("Slurm's formats: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-
 # Paths in the header: no '%' either, which Slurm expands in --output (%j, %u, ...).
 PATH = r"[A-Za-z0-9_.+@/][A-Za-z0-9_.+@/-]{0,1023}"
 PATH_HELP = "letters, digits and / . _ - + @ only, not starting with - (no % or spaces)"
+# A Slurm feature expression: names joined by & | , with counts [*N] and brackets.
+CONSTRAINT = r"[A-Za-z0-9_.,:|&*\[\]()-]{1,256}"
+CONSTRAINT_HELP = "a Slurm feature expression: names with & | , [ ] ( ) * :"
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
+              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+EMAIL = r"[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,8}"
+# sbatch --begin, the forms of Slurm's parse_time() hpcsuite accepts (dates checked below).
+BEGIN = (r"\d{1,2}:\d{2}(:\d{2})?"                                      # HH:MM[:SS]
+         r"|now(\+\d{1,9}(seconds|minutes|hours|days|weeks)?)?"           # now[+N[units]]
+         r"|\d{4}-\d{2}-\d{2}(T\d{1,2}:\d{2}(:\d{2})?)?"                 # YYYY-MM-DD[THH:MM[:SS]]
+         r"|midnight|noon|elevenses|fika|teatime|today|tomorrow")
+BEGIN_HELP = ("Slurm's forms: HH:MM[:SS], now[+N[seconds|minutes|hours|days|weeks]], "
+              "YYYY-MM-DD[THH:MM[:SS]], midnight, noon, elevenses, fika, teatime, today, tomorrow")
+# CPU binding (Horovod's runner: --bind-to none --map-by slot, each rank manages its threads).
+_PLACES = "hwthread|core|l1cache|l2cache|l3cache|socket|package|numa|board"
+BIND_TO = rf"(none|{_PLACES})(:(overload-allowed|if-supported)(,(overload-allowed|if-supported))?)?"
+MAP_BY = (rf"(slot|node|seq|{_PLACES}|ppr:[1-9]\d{{0,3}}:(node|{_PLACES}))"
+          r"(:(PE=[1-9]\d{0,3}|span|oversubscribe|nooversubscribe|nolocal|noinherit|inherit)"
+          r"(,(PE=[1-9]\d{0,3}|span|oversubscribe|nooversubscribe|nolocal|noinherit|inherit)){0,5})?")
+CPU_BIND = (r"((quiet|verbose),)?(none|rank|sockets|cores|threads|ldoms|boards|rank_ldom"
+            r"|(map_cpu|mask_cpu|map_ldom|mask_ldom):[0-9A-Fa-fx,*]{1,1024})")
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}"
 # User code: FILE.py:function (relative to the submit directory or a train.pythonpath entry)
@@ -81,8 +102,56 @@ def precision_problem(backend: str, precision: str) -> str | None:
     return f"{precision} is not available for {backend}; choose {', '.join(PRECISIONS[backend])}"
 
 
+def begin_problem(text: str) -> str | None:
+    """Why a --begin time matching BEGIN is not a real time of day or date (2026-02-30)."""
+    import datetime as dt
+
+    date, _, clock = text.partition("T") if text[:1].isdigit() and "-" in text else ("", "", text)
+    try:
+        if date:
+            dt.date.fromisoformat(date)
+        if clock[:1].isdigit():
+            parts = [int(p) for p in clock.split(":")] + [0]
+            dt.time(parts[0], parts[1], parts[2])
+    except ValueError as e:
+        return f"{text!r} is not a valid time: {e}"
+    return None
+
+
+def header_text_problem(text: str) -> str | None:
+    """Why free text (a comment, an extra sbatch value) cannot go into an #SBATCH line even
+    quoted for sbatch: control characters, and the heterogeneous-job words sbatch looks for
+    anywhere on a line."""
+    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        return f"control character {bad!r} is not allowed"
+    lowered = text.lower()
+    word = next((w for w in ("hetjob", "packjob") if w in lowered), None)
+    if word:
+        return f"{word!r} is not allowed: sbatch reads it anywhere in its header as a job separator"
+    return None
+
+
 def _m(help: str = "", **kw) -> dict:
     return {"help": help, **kw}
+
+
+@record
+class Binding(Record):
+    """How ranks are pinned to CPUs; unset keys come from the site profile's mpi.binding."""
+    bind_to: Optional[str] = field(default=None, metadata=_m(
+        "mpirun --bind-to: none, core, socket, hwthread, numa, l3cache, ... (site default: none)",
+        pattern=BIND_TO, pattern_help="OpenMPI's --bind-to: none, hwthread, core, l2cache, "
+        "l3cache, socket, package, numa or board, with :overload-allowed or :if-supported"))
+    map_by: Optional[str] = field(default=None, metadata=_m(
+        "mpirun --map-by: slot, node, core, socket, numa, ppr:N:socket, with :PE=N, ... "
+        "(site default: slot)", pattern=MAP_BY, pattern_help="OpenMPI's --map-by: slot, node, "
+        "core, socket, numa, ... or ppr:N:PLACE, with modifiers like :PE=2 or :span"))
+    cpu_bind: Optional[str] = field(default=None, metadata=_m(
+        "srun --cpu-bind: none, cores, threads, sockets, ldoms, rank, map_cpu:0,2, ... with an "
+        "optional verbose, (site default: unset, Slurm's own)", pattern=CPU_BIND,
+        pattern_help="srun's --cpu-bind: [verbose,]none, cores, threads, sockets, ldoms, "
+        "boards, rank, rank_ldom, or map_cpu:/mask_cpu:/map_ldom:/mask_ldom: with a list"))
 
 
 @record
@@ -98,6 +167,62 @@ class Resources(Record):
     mem: Optional[str] = field(default=None, metadata=_m(
         "memory per node, e.g. 4G", pattern=r"[1-9]\d{0,11}[KMGT]?",
         pattern_help="a number with K, M, G or T, e.g. 4G", coerce=True))
+    account: Optional[str] = field(default=None, metadata=_m(
+        "account the job is charged to (sbatch --account); the partition's allow_accounts apply",
+        pattern=NAME, pattern_help=NAME_HELP))
+    qos: Optional[str] = field(default=None, metadata=_m(
+        "quality of service (sbatch --qos); the partition's allow_qos apply",
+        pattern=NAME, pattern_help=NAME_HELP))
+    constraint: Optional[str] = field(default=None, metadata=_m(
+        "node features the job requires (sbatch --constraint), e.g. skylake&ib",
+        pattern=CONSTRAINT, pattern_help=CONSTRAINT_HELP))
+    exclusive: Union[bool, Literal["user", "mcs"]] = field(default=False, metadata=_m(
+        "whole nodes (sbatch --exclusive): true, false, user (shared with your own jobs only) "
+        "or mcs", union_help="true, false, user or mcs"))
+    mail_type: list[Literal[MAIL_TYPES]] = field(default_factory=list, metadata=_m(
+        "when Slurm mails (sbatch --mail-type): a list or END,FAIL of " + ", ".join(MAIL_TYPES),
+        split=",", upper=True))
+    mail_user: Optional[str] = field(default=None, metadata=_m(
+        "who Slurm mails (sbatch --mail-user); default: the submitting user",
+        pattern=EMAIL, pattern_help="an e-mail address like ada@example.org"))
+    begin: Optional[str] = field(default=None, metadata=_m(
+        "start no earlier than (sbatch --begin)", pattern=BEGIN, pattern_help=BEGIN_HELP,
+        check=begin_problem))
+    comment: Optional[str] = field(default=None, metadata=_m(
+        "free text Slurm keeps with the job (sbatch --comment)", max_length=1000, nonempty=True,
+        check=header_text_problem))
+    extra_sbatch: dict[str, Union[bool, str]] = field(default_factory=dict, metadata=_m(
+        "other sbatch long options, name -> value (true for one without a value), only those "
+        "the site lists in sbatch_allowed", key_pattern=r"[a-z][a-z0-9-]{0,63}",
+        key_help="not an sbatch long option name (write reservation, not --reservation)",
+        values={"coerce": True, "max_length": 1000, "nonempty": True,
+                "check": header_text_problem}))
+    binding: Binding = field(default_factory=Binding)
+
+    # sbatch options a partition of the site profile may set for every job on it.
+    PARTITION_OPTIONS = ("account", "qos", "reservation", "constraint")
+
+    def sbatch_options(self, partition: Any = None) -> list[tuple[str, Optional[str]]]:
+        """The #SBATCH options beyond the core ones, in header order, as (long option, value);
+        value None: an option without a value. The job's account, QOS and constraint win
+        over its partition's (config.resolve refuses a job that contradicts the site)."""
+        out: list[tuple[str, Optional[str]]] = []
+        for option in self.PARTITION_OPTIONS:
+            value = getattr(self, option, None) or getattr(partition, option, None)
+            if value:
+                out.append((option, value))
+        if self.exclusive is not False:
+            out.append(("exclusive", None if self.exclusive is True else self.exclusive))
+        if self.mail_type:
+            out.append(("mail-type", ",".join(self.mail_type)))
+        for option in ("mail-user", "begin", "comment"):
+            value = getattr(self, option.replace("-", "_"))
+            if value is not None:
+                out.append((option, value))
+        for option, value in self.extra_sbatch.items():
+            if value is not False:
+                out.append((option, None if value is True else value))
+        return out
 
 
 @record
@@ -276,7 +401,9 @@ class Train(Record):
     eval: Optional[Eval] = field(default=None, metadata=_m(
         "validation: a split of the training data or a held-out dataset"))
     batch_size: int = field(default=64, metadata=_m("samples per rank per step", min=1))
-    epochs: int = field(default=1, metadata=_m(min=1))
+    epochs: Optional[int] = field(default=None, metadata=_m(
+        "passes over the data; unset: 1, or as many as train.max_steps needs when only it is "
+        "set (with both, whichever is reached first ends training)", min=1))
     max_steps: Optional[int] = field(default=None, metadata=_m(
         "stop after this many optimizer steps in total (counting resumed ones)", min=1))
     lr: float = field(default=0.05, metadata=_m(
@@ -301,6 +428,15 @@ class Train(Record):
         "record every sample id each rank trains on (ledger/ in the run directory)"))
     monitor: Monitor = field(default_factory=Monitor)
     seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
+
+    def epoch_limit(self, steps_per_epoch: int) -> float:
+        """Epochs to train: train.epochs; unset, 1, or with only train.max_steps set the
+        (fractional) epochs its steps take, so max_steps alone is never capped at one epoch."""
+        if self.epochs is not None:
+            return float(self.epochs)
+        if self.max_steps is None:
+            return 1.0
+        return self.max_steps / max(steps_per_epoch, 1)
 
 
 @record

@@ -155,8 +155,38 @@ _SPACE = " \t\n\v\f\r"
 _HEADER_UNSAFE = set(_SPACE) | set("'\"\\#")
 
 
+# A raw part starting with this was quoted for sbatch's tokeniser by the sbatch_value filter.
+_SBATCH_QUOTED = "\0q"
+# sbatch looks for these anywhere in an #SBATCH line (Slurm's get_argument, _hetjob_check).
+_HETJOB_WORDS = ("hetjob", "packjob")
+
+
 class _Refused(Exception):
     """A value the finalize hook will not emit (newline, NUL)."""
+
+
+class SbatchValue(str):
+    """A value already quoted for sbatch's tokeniser (``| sbatch_value``); ``.text`` is the
+    value itself, which the script body gets shell-quoted."""
+
+    text: str
+
+
+def sbatch_value(value: object) -> SbatchValue | None:
+    """The ``sbatch_value`` filter: free text (a comment with spaces and quotes) as one word
+    sbatch reads back exactly, for ``#SBATCH --comment={{ value | sbatch_value }}``."""
+    from .sbatch_header import quote_value
+    from .spec import header_text_problem
+
+    if value is None:
+        return None
+    text = str(value)
+    problem = header_text_problem(text)
+    if problem:
+        raise _Refused(f"{show(text, 60)} cannot go into an #SBATCH line: {problem}")
+    out = SbatchValue(quote_value(text))
+    out.text = text
+    return out
 
 
 def _finalize(value: object) -> str:
@@ -164,6 +194,11 @@ def _finalize(value: object) -> str:
         return ""
     if isinstance(value, Rendered) or (isinstance(value, str) and _OPEN in value):
         return str(value)   # output of a block or macro, already rendered under these rules
+    if isinstance(value, SbatchValue):
+        try:
+            return f"{_OPEN}{quote(value.text)}{_MID}{_SBATCH_QUOTED}{value}{_CLOSE}"
+        except ValueError as e:
+            raise _Refused(str(e)) from None
     try:
         quoted = quote(value)
     except ValueError as e:
@@ -198,14 +233,25 @@ def _unmark(text: str, template_file: Path) -> str:
             raise UserError(f"{template_file}: rendered line {n + 1}: the template produces a NUL "
                             "character")
         if header and body.startswith(("#SBATCH", "#SLURM")):
-            for p in parts:
-                bad = [c for c in p[1] if c in _HEADER_UNSAFE] if not isinstance(p, str) else []
+            for i, p in enumerate(parts):
+                if isinstance(p, str):
+                    continue
+                trusted = p[1].startswith(_SBATCH_QUOTED)
+                value = p[1][len(_SBATCH_QUOTED):] if trusted else p[1]
+                parts[i] = (p[0], value)
+                word = next((w for w in _HETJOB_WORDS if w in value.lower()), None)
+                if word:
+                    raise UserError(
+                        f"{template_file}: rendered line {n + 1}: the value {show(value, 60)} in "
+                        f"an #SBATCH line holds {word!r}, which sbatch reads anywhere in its "
+                        "header as a heterogeneous-job separator")
+                bad = [c for c in value if c in _HEADER_UNSAFE] if not trusted else []
                 if bad:
                     raise UserError(
                         f"{template_file}: rendered line {n + 1}: the value {show(p[1], 60)} in "
                         f"an #SBATCH line holds {bad[0]!r}; sbatch reads its header with its own "
                         "tokeniser, not the shell's, so only plain words (no spaces, quotes, "
-                        "backslashes or #) may go there")
+                        "backslashes or #) may go there, or text through | sbatch_value")
             lines[n] = "".join(p if isinstance(p, str) else p[1] for p in parts)
             continue
         if header and body.lstrip(_SPACE) and not body.lstrip(_SPACE).startswith("#"):
@@ -249,6 +295,7 @@ def environment(path: SearchPath) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["raw_env_name"] = lambda s: Raw(s) if s.isidentifier() else quote(s)
+    env.filters["sbatch_value"] = sbatch_value
     return env
 
 
