@@ -185,6 +185,9 @@ def check_job_key(key: str, source: str, where: str) -> None:
     valid = key_paths(JobSpec)
     if key in valid or (key.startswith("env.") and key[4:].isidentifier()):
         return
+    option = key[len("resources.extra_sbatch."):]
+    if key.startswith("resources.extra_sbatch.") and option.replace("-", "").isalnum():
+        return   # one sbatch option (the site's sbatch_allowed decides which)
     # Said as a file's unknown key is: the first unknown part, its close match and the valid
     # keys at that level.
     if where != key:                 # a lock names a key: the closest whole key

@@ -105,11 +105,16 @@ def requested_options(job: JobSpec, partition, locks: tuple[str, ...]
 
     fixed: dict[str, str | None] = {}
     why: dict[str, str] = {}
+    def lock_of(key: str) -> str | None:
+        return next((l for l in locks if key == l or key.startswith(l + ".")), None)
+
     for option, value in job.resources.sbatch_options(partition):
+        key = OPTION_KEYS.get(option, f"resources.extra_sbatch.{option}")
         fixed[option] = FLAG if value is None else value
-        why[option] = f"{OPTION_KEYS.get(option, 'resources.extra_sbatch.' + option)} asks for it"
+        lock = lock_of(key)
+        why[option] = f"the site locks {lock}" if lock else f"{key} asks for it"
     for option, key in OPTION_KEYS.items():
-        lock = next((l for l in locks if key == l or key.startswith(l + ".")), None)
+        lock = lock_of(key)
         if lock and option not in fixed:
             fixed[option], why[option] = None, f"the site locks {lock}"
     return fixed, why

@@ -120,13 +120,15 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
             return convert(inner[0], value, source, path, meta, partial)
         # Several types (true/false or a word, as Slurm's --exclusive): the first that takes
         # the value wins; if none does, one error naming them all.
+        last: ConfigError | None = None
         for tp_i in inner:
             try:
                 return convert(tp_i, value, source, path, meta, partial)
-            except ConfigError:
-                continue
-        raise ConfigError(source, path, f"{show(value)} is not valid: "
-                                        f"{meta.get('union_help') or ' or '.join(map(str, inner))}")
+            except ConfigError as e:
+                last = e
+        if meta.get("union_help"):
+            raise ConfigError(source, path, f"{show(value)} is not valid: {meta['union_help']}")
+        raise last   # the last type's refusal (the most general one: text)
     if origin is Literal:
         if meta.get("upper") and isinstance(value, str) and value.upper() in args:
             value = value.upper()   # Slurm reads these words in any case

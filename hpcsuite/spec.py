@@ -163,19 +163,19 @@ class Resources(Record):
     time: str = field(default="00:10:00", metadata=_m(
         "walltime", pattern=WALLTIME, pattern_help=WALLTIME_HELP, coerce=True))
     partition: Optional[str] = field(default=None, metadata=_m(
-        "Slurm partition", pattern=NAME, pattern_help=NAME_HELP))
+        "Slurm partition", pattern=NAME, pattern_help=NAME_HELP, check=header_text_problem))
     mem: Optional[str] = field(default=None, metadata=_m(
         "memory per node, e.g. 4G", pattern=r"[1-9]\d{0,11}[KMGT]?",
         pattern_help="a number with K, M, G or T, e.g. 4G", coerce=True))
     account: Optional[str] = field(default=None, metadata=_m(
         "account the job is charged to (sbatch --account); the partition's allow_accounts apply",
-        pattern=NAME, pattern_help=NAME_HELP))
+        pattern=NAME, pattern_help=NAME_HELP, check=header_text_problem))
     qos: Optional[str] = field(default=None, metadata=_m(
         "quality of service (sbatch --qos); the partition's allow_qos apply",
-        pattern=NAME, pattern_help=NAME_HELP))
+        pattern=NAME, pattern_help=NAME_HELP, check=header_text_problem))
     constraint: Optional[str] = field(default=None, metadata=_m(
         "node features the job requires (sbatch --constraint), e.g. skylake&ib",
-        pattern=CONSTRAINT, pattern_help=CONSTRAINT_HELP))
+        pattern=CONSTRAINT, pattern_help=CONSTRAINT_HELP, check=header_text_problem))
     exclusive: Union[bool, Literal["user", "mcs"]] = field(default=False, metadata=_m(
         "whole nodes (sbatch --exclusive): true, false, user (shared with your own jobs only) "
         "or mcs", union_help="true, false, user or mcs"))
@@ -184,7 +184,7 @@ class Resources(Record):
         split=",", upper=True))
     mail_user: Optional[str] = field(default=None, metadata=_m(
         "who Slurm mails (sbatch --mail-user); default: the submitting user",
-        pattern=EMAIL, pattern_help="an e-mail address like ada@example.org"))
+        pattern=EMAIL, pattern_help="an e-mail address like ada@example.org", check=header_text_problem))
     begin: Optional[str] = field(default=None, metadata=_m(
         "start no earlier than (sbatch --begin)", pattern=BEGIN, pattern_help=BEGIN_HELP,
         check=begin_problem))
