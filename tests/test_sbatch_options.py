@@ -398,3 +398,27 @@ def test_lint_checks_the_new_keys(site):
     site["spec"].write_text("name: job\nresources: {account: biology}\n")
     result = CliRunner().invoke(main, ["lint", str(site["spec"])])
     assert result.exit_code == 2 and "resources.account: 'biology' is not allowed" in result.output
+
+
+PIECES = ["a", " ", "'", '"', "\\", "#", "\t", "$(x)", "`x`", ";", " --partition=other", " -pother",
+          "--wrap=x", "#SBATCH", "\\'", "''", '""', " hetjob", "é", "\x7f", "\n", ":"]
+
+
+def test_random_free_text_reads_back_exactly_or_is_refused(site):
+    """Derandomised hypothesis over comment and extra_sbatch values built from sbatch's and
+    bash's special characters: accepted text is what sbatch reads (both tokeniser rules),
+    with no option besides the job's; refused text names the key."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    counts = {"accepted": 0, "refused": 0}
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(text=st.lists(st.sampled_from(PIECES), min_size=1, max_size=8).map("".join),
+           key=st.sampled_from(["comment", "extra_sbatch.licenses"]))
+    def case(text, key):
+        counts[check_hostile(site, key, text)] += 1
+
+    case()
+    assert counts["accepted"] > 50 and counts["refused"] > 50, counts
