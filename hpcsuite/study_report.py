@@ -179,11 +179,18 @@ def explain(row: dict, model, mpi=None) -> dict | None:
         eff = new_compute / (new_compute + max(new_overhead, 0.0))
         return {"knob": knob, "how": how, "of_limit": eff, "gain": eff - now}
 
+    k = scale_to_reach(compute, overhead)
+    why = (f"the smallest power of two predicted to reach {TARGET_OF_LIMIT:.2f} of the limit"
+           if k < MAX_SCALE or k * compute / (k * compute + overhead) >= TARGET_OF_LIMIT
+           else f"the most this advice goes to; {TARGET_OF_LIMIT:.2f} of the limit needs more")
+    batch, accumulation = results.get("batch_size_per_rank"), results.get("grad_accumulation") or 1
     options = [
-        gain("train.batch_size", 2 * compute, overhead,
-             "double the per-rank batch: twice the computation for the same allreduce"),
-        gain("train.grad_accumulation", 2 * compute, overhead,
-             "accumulate 2 micro-batches per allreduce (the same, without the memory)"),
+        gain("train.batch_size", k * compute, overhead,
+             f"{k}x the per-rank batch" + (f" ({batch * k})" if batch else "") +
+             f": {k}x the computation for the same allreduce, {why}"),
+        gain("train.grad_accumulation", k * compute, overhead,
+             f"accumulate {accumulation * k} micro-batches per allreduce: the same, without "
+             "the memory"),
     ]
     if knobs["compression"] != "fp16":
         options.append(gain("train.horovod.compression", compute, overhead - bandwidth / 2,
@@ -208,6 +215,23 @@ def explain(row: dict, model, mpi=None) -> dict | None:
     out["now_of_limit"] = now
     out["knobs"] = sorted(options, key=lambda o: -o["gain"])
     return out
+
+
+# The batch and accumulation advice aims here: the smallest power-of-two multiple of the
+# per-rank work predicted to reach this fraction of the no-communication limit (the model: k
+# times the computation per allreduce, the same overhead), up to MAX_SCALE.
+TARGET_OF_LIMIT = 0.90
+MAX_SCALE = 64
+
+
+def scale_to_reach(compute: float, overhead: float, target: float = TARGET_OF_LIMIT,
+                   most: int = MAX_SCALE) -> int:
+    """The smallest power of two k >= 2 with k*compute / (k*compute + overhead) >= target, or
+    ``most`` when none up to it does."""
+    k = 2
+    while k < most and k * compute < target * (k * compute + overhead):
+        k *= 2
+    return k
 
 
 # A cycle of Horovod's background thread is at least this many MPI small-message latencies:

@@ -134,7 +134,17 @@ def test_report_arithmetic_and_the_models_reading():
     assert m["now_of_limit"] == pytest.approx(0.6)
     best = m["knobs"][0]
     assert best["knob"] in ("train.batch_size", "train.grad_accumulation")
-    assert best["of_limit"] == pytest.approx(0.012 / 0.016)
+    # 6 ms of computation, 4 ms of overhead: 2x gives 0.75, 4x 0.857, 8x 0.923 of the limit
+    assert best["of_limit"] == pytest.approx(0.048 / 0.052)
+    batch = next(k for k in m["knobs"] if k["knob"] == "train.batch_size")
+    assert batch["how"].startswith("8x the per-rank batch: ") and "0.90 of the limit" in batch["how"]
+    row["results"].update(batch_size_per_rank=32, grad_accumulation=2)
+    knobs = {k["knob"]: k["how"] for k in sr.explain(row, model)["knobs"]}
+    assert knobs["train.batch_size"].startswith("8x the per-rank batch (256)")
+    assert knobs["train.grad_accumulation"].startswith("accumulate 16 micro-batches")
+    assert sr.scale_to_reach(0.006, 0.004) == 8
+    assert sr.scale_to_reach(0.006, 0.0001) == 2                  # 2x is the least advised
+    assert sr.scale_to_reach(1e-4, 1.0) == sr.MAX_SCALE           # never reached: the most
     fp16 = next(k for k in m["knobs"] if k["knob"] == "train.horovod.compression")
     assert fp16["of_limit"] == pytest.approx(0.006 / (0.006 + 0.004 - 0.002))
     assert sr.dominates_at(model, 4_000_000, 1, 0.006) == 4      # 0.6 ms + 6 ms at 4 ranks
