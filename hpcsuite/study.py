@@ -33,8 +33,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import field
 from pathlib import Path
@@ -278,41 +276,28 @@ def verify_bundle(study_dir: Path) -> None:
                             "(sha256 differs)")
 
 
-def environment() -> dict:
-    """Versions of everything a result depends on, read without importing the frameworks
-    (package metadata, and the tools' own --version / --check-build)."""
-    from importlib import metadata
+def write_environment(study_dir: Path, ask: bool = True) -> None:
+    """environment.json: the versions (:mod:`hpcsuite.study_env`). ``ask=False`` (a dry run)
+    takes the tools' answers from the installation's cache only; the ones it lacks are marked
+    pending and asked by the first real run (:func:`complete_environment`)."""
+    from .study_env import environment
 
-    from . import __version__, slurm
+    (study_dir / ENVIRONMENT).write_text(json.dumps(environment(ask=ask), indent=2) + "\n")
 
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
 
-    def output(argv: list[str], cwd: str | None = None) -> str | None:
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
+def complete_environment(sd: "StudyDir") -> None:
+    """Ask the tools a dry run left pending, and re-record the bundle's sha256."""
+    from .study_env import pending
 
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    mpirun = output(["mpirun", "--version"])
-    return {
-        "hpcsuite": __version__,
-        "python": sys.version.split()[0],
-        "torch": version("torch"),
-        "tensorflow": version("tensorflow") or version("tensorflow-cpu") or version("tensorflow_cpu"),
-        "horovod": version("horovod"),
-        "horovod_build": output([str(horovodrun), "--check-build"]) if horovodrun.exists() else None,
-        "numpy": version("numpy"),
-        "mpi": mpirun.splitlines()[0] if mpirun else None,
-        "slurm": slurm.call(["sbatch", "--version"], check=False, timeout=30).stdout.strip() or None,
-        "host": os.uname().nodename,
-        "made": dt.datetime.now().isoformat(timespec="seconds"),
-    }
+    path = sd.path / ENVIRONMENT
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict) and not pending(recorded):
+        return
+    write_environment(sd.path)
+    write_manifest(sd.path, sd.bundle().get("external", {}))
 
 
 # ---------------------------------------------------------------------- a study directory
@@ -349,8 +334,7 @@ class StudyDir:
         return self.path / "runs"
 
     def state(self) -> dict:
-        path = self.path / STATE_FILE
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return self._json(STATE_FILE) if (self.path / STATE_FILE).is_file() else {}
 
     def save_state(self, state: dict) -> None:
         from .results import write_json_atomic
@@ -431,9 +415,11 @@ def _point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, p
     return r.job, dataclasses.replace(request, workdir=str(base_spec.parent))
 
 
-def create(study_path: str, directory: str | None, profile_path: str | None) -> StudyDir:
+def create(study_path: str, directory: str | None, profile_path: str | None,
+           ask_tools: bool = True) -> StudyDir:
     """Make the study directory and its bundle, and check every point against the site before
-    anything is submitted. An existing directory of the same study is returned as it is."""
+    anything is submitted. An existing directory of the same study is returned as it is.
+    ``ask_tools=False`` (a dry run) leaves the tools' versions not yet cached pending."""
     study = load_study(study_path)
     src = Path(study_path).resolve()
     sd = StudyDir(Path(directory) if directory else src.parent / study.output_dir / study.name)
@@ -465,7 +451,7 @@ def create(study_path: str, directory: str | None, profile_path: str | None) -> 
             "study": study.name, "base": base_src.name, "source": str(src),
             "external": external, "git": registry.git_state(base_src.parent),
             "made": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
-        (tmp / ENVIRONMENT).write_text(json.dumps(environment(), indent=2) + "\n")
+        write_environment(tmp, ask=ask_tools)
         write_manifest(tmp, external)
         sd.path.parent.mkdir(parents=True, exist_ok=True)
         if sd.path.exists():
@@ -614,6 +600,7 @@ def progress(points: list[Point], state: dict) -> Progress:
 def run(sd: StudyDir, profile_path: str | None, wait: bool, timeout: float | None,
         say: Callable[[str], None], poll: float = 2.0) -> Progress:
     deadline = None if timeout is None else time.monotonic() + timeout
+    complete_environment(sd)
     last = None
     while True:
         now = step(sd, profile_path, say)
@@ -647,7 +634,7 @@ def rerun(bundle: Path, directory: Path | None) -> StudyDir:
         shutil.copytree(bundle / "inputs", tmp / "inputs", symlinks=True,
                         ignore=shutil.ignore_patterns(".hpcsuite"))
         shutil.copytree(bundle / "points", tmp / "points", symlinks=True)
-        (tmp / ENVIRONMENT).write_text(json.dumps(environment(), indent=2) + "\n")
+        write_environment(tmp)
         meta = json.loads((tmp / BUNDLE_FILE).read_text())
         meta["rerun_of"] = {"path": str(bundle.resolve()), "study": study.name}
         (tmp / BUNDLE_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -1,10 +1,15 @@
-"""What a study measured, and why: the table, the plots, the communication model, the comparison.
+"""What a study measured, and why: the table, the communication model's reading, the files.
 
 Each training point's throughput is its global batch over the median of its measured step
 times (the warm-up steps left out), one number per repeat; a configuration shows the median,
 min and max of its repeats. Speedup and efficiency are read against the smallest point of the
 same series (the same axes but for nodes and tasks per node); "of limit" against the same
-configuration trained without the gradient allreduce, the most this hardware could do.
+configuration trained without the gradient allreduce, the most this hardware could do (one
+function, :func:`of_limit`, for the table and the advice alike).
+
+A configuration whose measurements cannot carry a diagnosis is flagged instead of read as
+communication overhead (:func:`flags`): repeats that disagree, or a no-communication limit
+that does not grow with the ranks (they competed for the CPU).
 
 The ring-allreduce model (:mod:`hpcsuite.alphabeta`), fitted to the study's allreduce
 benchmarks, predicts each point's communication per step from the gradient bytes the results
@@ -23,7 +28,7 @@ import statistics
 from pathlib import Path
 
 from .errors import UserError
-from .study import Point, StudyDir, point_done
+from .study import ENVIRONMENT, Point, StudyDir, point_done
 
 REPORT_DIR = "report"
 
@@ -56,7 +61,7 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def _label(axes: dict) -> str:
+def axes_label(axes: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in axes.items())
 
 
@@ -101,7 +106,7 @@ def analyse(sd: StudyDir) -> dict:
             continue
         row = configs.setdefault(point.config, {
             "config": point.config, "axes": point.axes, "ranks": point.ranks,
-            "series": _label({k: v for k, v in point.axes.items()
+            "series": axes_label({k: v for k, v in point.axes.items()
                               if k not in ("nodes", "tasks_per_node")}) or "all",
             "throughput": [], "step_s": [], "limit_throughput": [], "limit_step_s": [],
             "jobs": [], "results": None})
@@ -124,20 +129,72 @@ def analyse(sd: StudyDir) -> dict:
     for row in rows:
         base = min((r for r in rows if r["series"] == row["series"] and r["throughput"]["n"]),
                    key=lambda r: r["ranks"], default=None)
-        thr, lim = row["throughput"], row["limit_throughput"]
-        row["speedup"] = row["efficiency"] = row["of_limit"] = None
+        thr = row["throughput"]
+        row["speedup"] = row["efficiency"] = None
         if base and thr["median"] and base["throughput"]["median"]:
             row["speedup"] = thr["median"] / base["throughput"]["median"]
             row["efficiency"] = row["speedup"] / (row["ranks"] / base["ranks"])
-        if thr["median"] and lim["median"]:
-            row["of_limit"] = thr["median"] / lim["median"]
+        row["of_limit"] = of_limit(row)
+        row["flags"] = flags(row, base, study.mode)
         row["model"] = explain(row, *models.get((int(row["axes"]["nodes"]),
                                                  int(row["axes"]["tasks_per_node"])), (None, None)))
     for row in rows:
         row.pop("results")
     return {"study": study.name, "mode": study.mode, "warmup_steps": study.warmup_steps,
             "steps": study.steps, "repeats": study.repeats, "rows": rows,
+            "warnings": environment_warnings(sd),
             "allreduce": {f"{n}x{t}": m.to_json() for (n, t), (m, _) in models.items()}}
+
+
+def environment_warnings(sd: StudyDir) -> list[str]:
+    from .study_env import warnings
+
+    path = sd.path / ENVIRONMENT
+    try:
+        env = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [f"warning: {path}: missing or unreadable; the versions are not recorded"]
+    return warnings(env if isinstance(env, dict) else {})
+
+
+def of_limit(row: dict) -> float | None:
+    """How close a configuration comes to its no-communication limit: the limit's median step
+    time over its own (the same batch per step, so the ratio of the throughputs). The table
+    and the advice both show this number."""
+    step, limit = row["step_s"]["median"], row["limit_step_s"]["median"]
+    return limit / step if step and limit else None
+
+
+# Repeats of one configuration whose throughput spreads more than this (max/min) did not
+# measure one thing (another job on the nodes, a throttled core): the local cluster's repeats
+# agree within ~5%, so 25% is far past noise, and a median of such repeats explains nothing.
+SPREAD_FLAG = 1.25
+# Under weak scaling every rank does the same work, so the no-communication limit's throughput
+# grows as the ranks do (N/N0 times the series' smallest point) when each rank has its own
+# cores. Below this fraction of that growth the ranks competed for the CPU (more ranks than
+# cores, or threads oversubscribed), and the step time they lost is not communication.
+LIMIT_GROWTH_FLAG = 0.75
+
+
+def flags(row: dict, base: dict | None, mode: str) -> list[str]:
+    """Why a configuration's overhead cannot be read as communication; [] when it can."""
+    out = []
+    for key, what in (("throughput", "repeats"), ("limit_throughput", "the limit's repeats")):
+        t = row[key]
+        if t["n"] >= 2 and t["min"] and t["max"] / t["min"] > SPREAD_FLAG:
+            out.append(f"{what} spread {t['max'] / t['min']:.2f}x (more than {SPREAD_FLAG}x): "
+                       "they did not measure one thing")
+    lim = row["limit_throughput"]["median"]
+    base_lim = base and base["limit_throughput"]["median"]
+    # Strong scaling shrinks each rank's batch, which alone slows the limit's growth.
+    if mode == "weak" and base and lim and base_lim and row["ranks"] > base["ranks"]:
+        expected = row["ranks"] / base["ranks"]
+        grew = lim / base_lim
+        if grew < LIMIT_GROWTH_FLAG * expected:
+            out.append(f"the no-communication limit grew {grew:.2f}x from {base['ranks']} to "
+                       f"{row['ranks']} ranks, not ~{expected:g}x: the ranks competed for the "
+                       "CPU")
+    return out
 
 
 # ---------------------------------------------------------------------- the model's reading
@@ -167,13 +224,13 @@ def explain(row: dict, model, mpi=None) -> dict | None:
     out = {"gradient_bytes": nbytes, "allreduce_ops": ops, "predicted_comm_s": predicted,
            "predicted_latency_s": latency, "predicted_bandwidth_s": bandwidth, "step_s": step,
            "compute_s": compute, "comm_fraction": predicted / step if step else None}
-    if compute is None:
-        return out
+    if compute is None or row.get("flags"):
+        return out                       # a flagged row's overhead is not communication
     overhead = max(step - compute, 0.0)
     out["measured_overhead_s"] = overhead
     out["unexplained_s"] = overhead - predicted
     out["dominates_at_ranks"] = dominates_at(model, nbytes, ops, compute)
-    now = compute / (compute + overhead)
+    now = of_limit(row)
 
     def gain(knob: str, new_compute: float, new_overhead: float, how: str) -> dict:
         eff = new_compute / (new_compute + max(new_overhead, 0.0))
@@ -280,10 +337,13 @@ def dominates_at(model, nbytes: float, ops: int, compute: float) -> int | None:
 
 # ---------------------------------------------------------------------- output
 
-COLUMNS = ["series", "config", "ranks", "throughput_median", "throughput_min", "throughput_max",
-           "repeats", "speedup", "efficiency", "limit_throughput_median", "of_limit",
-           "step_ms", "limit_step_ms", "predicted_comm_ms", "measured_overhead_ms", "best_knob",
-           "best_knob_of_limit"]
+# measured_*: read from the jobs' step times; predicted_*: the ring-allreduce model's, fitted
+# to the allreduce benchmarks; best_knob_*: the model's prediction for the best knob.
+COLUMNS = ["series", "config", "ranks", "measured_throughput_median", "measured_throughput_min",
+           "measured_throughput_max", "repeats", "measured_speedup", "measured_efficiency",
+           "measured_limit_throughput_median", "measured_of_limit", "measured_step_ms",
+           "measured_limit_step_ms", "measured_overhead_ms", "predicted_comm_ms", "flags",
+           "best_knob", "predicted_best_knob_of_limit"]
 
 
 def flat(row: dict) -> dict:
@@ -294,117 +354,82 @@ def flat(row: dict) -> dict:
         return None if v is None else v * 1000
 
     return {"series": row["series"], "config": row["config"], "ranks": row["ranks"],
-            "throughput_median": row["throughput"]["median"],
-            "throughput_min": row["throughput"]["min"], "throughput_max": row["throughput"]["max"],
-            "repeats": row["throughput"]["n"], "speedup": row["speedup"],
-            "efficiency": row["efficiency"],
-            "limit_throughput_median": row["limit_throughput"]["median"],
-            "of_limit": row["of_limit"], "step_ms": ms(row["step_s"]["median"]),
-            "limit_step_ms": ms(row["limit_step_s"]["median"]),
-            "predicted_comm_ms": ms(m.get("predicted_comm_s")),
+            "measured_throughput_median": row["throughput"]["median"],
+            "measured_throughput_min": row["throughput"]["min"],
+            "measured_throughput_max": row["throughput"]["max"],
+            "repeats": row["throughput"]["n"], "measured_speedup": row["speedup"],
+            "measured_efficiency": row["efficiency"],
+            "measured_limit_throughput_median": row["limit_throughput"]["median"],
+            "measured_of_limit": row["of_limit"], "measured_step_ms": ms(row["step_s"]["median"]),
+            "measured_limit_step_ms": ms(row["limit_step_s"]["median"]),
             "measured_overhead_ms": ms(m.get("measured_overhead_s")),
-            "best_knob": best.get("knob"), "best_knob_of_limit": best.get("of_limit")}
+            "predicted_comm_ms": ms(m.get("predicted_comm_s")),
+            "flags": "; ".join(row.get("flags") or []),
+            "best_knob": best.get("knob"), "predicted_best_knob_of_limit": best.get("of_limit")}
 
 
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _ms(seconds, fmt: str) -> str:
+    return _num(None if seconds is None else seconds * 1000, fmt)
+
+
+HEADER = (f"{'series':<24} {'ranks':>5} {'measured samples/s med [min-max]':>32} "
+          f"{'speedup':>7} {'effic.':>6} {'limit/s':>9} {'of limit':>8} {'step ms':>8} "
+          f"{'comm ms':>9}  flag")
+
+
 def table(report: dict) -> str:
     lines = [f"study {report['study']} ({report['mode']} scaling; {report['repeats']} repeats, "
              f"{report['steps']} measured steps after {report['warmup_steps']} warm-up)",
-             f"{'series':<24} {'ranks':>5} {'samples/s median [min-max]':>30} {'speedup':>7} "
-             f"{'effic.':>6} {'limit':>9} {'of lim.':>7} {'step ms':>8} {'comm ms':>8}"]
+             *report.get("warnings", []),
+             "measured: from the jobs' step times (limit/s, of limit: the same configuration "
+             "without the allreduce); comm ms: predicted by the allreduce model",
+             HEADER,
+             f"{'':<24} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
+             f"{'measured':>8} {'measured':>8} {'predicted':>9}"]
     for row in report["rows"]:
         t, m = row["throughput"], row.get("model") or {}
         rng = (f"{_num(t['median'], '.1f')} [{_num(t['min'], '.1f')}-{_num(t['max'], '.1f')}]"
                if t["n"] else "(no results yet)")
         lines.append(
-            f"{row['series'][:24]:<24} {row['ranks']:>5} {rng:>30} {_num(row['speedup'], '.2f'):>7} "
+            f"{row['series'][:24]:<24} {row['ranks']:>5} {rng:>32} {_num(row['speedup'], '.2f'):>7} "
             f"{_num(row['efficiency'], '.2f'):>6} {_num(row['limit_throughput']['median'], '.1f'):>9} "
-            f"{_num(row['of_limit'], '.2f'):>7} "
-            f"{_num(row['step_s']['median'] and row['step_s']['median'] * 1000, '.2f'):>8} "
-            f"{_num(m.get('predicted_comm_s') and m['predicted_comm_s'] * 1000, '.3f'):>8}")
+            f"{_num(row['of_limit'], '.2f'):>8} {_ms(row['step_s']['median'], '.2f'):>8} "
+            f"{_ms(m.get('predicted_comm_s'), '.3f'):>9}  {'FLAGGED' if row.get('flags') else ''}"
+            .rstrip())
     for key, fit in report["allreduce"].items():
         lines.append(f"allreduce model on {key} (nodes x tasks): alpha {fit['alpha_s'] * 1e6:.1f} us, "
                      f"bandwidth {fit['bandwidth_Bps'] / 1e9:.2f} GB/s")
     for row in report["rows"]:
-        m = row.get("model")
-        if not m or m.get("measured_overhead_s") is None:
-            continue
-        lines.append(f"{row['config']} ({_label(row['axes'])}): step {m['step_s'] * 1000:.2f} ms = "
-                     f"compute {m['compute_s'] * 1000:.2f} ms (the limit) + overhead "
-                     f"{m['measured_overhead_s'] * 1000:.2f} ms; the model predicts "
-                     f"{m['predicted_comm_s'] * 1000:.3f} ms of allreduce "
-                     f"({m['allreduce_ops']} op(s), {m['gradient_bytes'] / 2**20:.2f} MiB)")
-        where = m.get("dominates_at_ranks")
-        lines.append("  communication would pass computation at " +
-                     (f"~{where} ranks (model, same per-rank work)" if where else
-                      "no rank count below 100,000 (model)"))
-        for k in m["knobs"][:3]:
-            lines.append(f"  {k['knob']}: {k['how']} -> {k['of_limit']:.2f} of limit "
-                         f"(now {m['now_of_limit']:.2f}, {k['gain']:+.2f})")
+        lines += advice(row)
     return "\n".join(lines)
 
 
-def plots(report: dict, folder: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    written = []
-    series = sorted({r["series"] for r in report["rows"]})
-    fig_t, ax_t = plt.subplots(figsize=(7, 4.5))
-    fig_e, ax_e = plt.subplots(figsize=(7, 4.5))
-    for name in series:
-        rows = [r for r in report["rows"] if r["series"] == name and r["throughput"]["n"]]
-        if not rows:
-            continue
-        ranks = [r["ranks"] for r in rows]
-        med = [r["throughput"]["median"] for r in rows]
-        err = [[m - r["throughput"]["min"] for m, r in zip(med, rows)],
-               [r["throughput"]["max"] - m for m, r in zip(med, rows)]]
-        line = ax_t.errorbar(ranks, med, yerr=err, marker="o", capsize=4, label=f"{name}")
-        color = line[0].get_color()
-        ideal = [med[0] * k / ranks[0] for k in ranks]
-        ax_t.plot(ranks, ideal, linestyle=":", color=color, label=f"{name}: ideal")
-        lim = [(k, r["limit_throughput"]["median"]) for k, r in zip(ranks, rows)
-               if r["limit_throughput"]["median"]]
-        if lim:
-            ax_t.plot(*zip(*lim), linestyle="--", marker="x", color=color,
-                      label=f"{name}: no-communication limit")
-        eff = [(k, r["efficiency"]) for k, r in zip(ranks, rows) if r["efficiency"] is not None]
-        if eff:
-            lo = [(r["throughput"]["min"] / r["throughput"]["median"]) * r["efficiency"] for r in rows
-                  if r["efficiency"] is not None]
-            hi = [(r["throughput"]["max"] / r["throughput"]["median"]) * r["efficiency"] for r in rows
-                  if r["efficiency"] is not None]
-            ks, es = zip(*eff)
-            ax_e.errorbar(ks, es, yerr=[[e - l for e, l in zip(es, lo)], [h - e for e, h in zip(es, hi)]],
-                          marker="o", capsize=4, color=color, label=f"{name}: efficiency")
-        ofl = [(k, r["of_limit"]) for k, r in zip(ranks, rows) if r["of_limit"] is not None]
-        if ofl:
-            ax_e.plot(*zip(*ofl), linestyle="--", marker="x", color=color,
-                      label=f"{name}: of no-communication limit")
-    all_ranks = sorted({r["ranks"] for r in report["rows"]})
-    if all_ranks:
-        ax_e.plot([all_ranks[0], all_ranks[-1]], [1, 1], color="grey", linestyle=":", label="ideal")
-    for ax, ylabel in ((ax_t, "samples/s (median, min-max of repeats)"), (ax_e, "efficiency")):
-        ax.set_xlabel("ranks")
-        ax.set_ylabel(ylabel)
-        ax.set_xticks(all_ranks)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    ax_e.set_ylim(bottom=0)
-    ax_t.set_title(f"{report['study']}: throughput ({report['mode']} scaling)")
-    ax_e.set_title(f"{report['study']}: efficiency")
-    for fig, name in ((fig_t, "throughput.png"), (fig_e, "efficiency.png")):
-        fig.tight_layout()
-        fig.savefig(folder / name, dpi=110)
-        plt.close(fig)
-        written.append(folder / name)
-    return written
+def advice(row: dict) -> list[str]:
+    """The reading of one configuration: its flags, or its overhead and the knobs."""
+    m = row.get("model")
+    head = f"{row['config']} ({axes_label(row['axes'])})"
+    if row.get("flags"):
+        return [f"{head}: FLAGGED, not diagnosed: " + "; ".join(row["flags"]) +
+                "; run it again with the nodes to itself (max_in_flight: 1, one rank per core)"]
+    if not m or m.get("measured_overhead_s") is None:
+        return []
+    lines = [f"{head}: measured step {m['step_s'] * 1000:.2f} ms = compute "
+             f"{m['compute_s'] * 1000:.2f} ms (the limit) + overhead "
+             f"{m['measured_overhead_s'] * 1000:.2f} ms ({row['of_limit']:.2f} of limit); the "
+             f"model predicts {m['predicted_comm_s'] * 1000:.3f} ms of allreduce "
+             f"({m['allreduce_ops']} op(s), {m['gradient_bytes'] / 2**20:.2f} MiB)"]
+    where = m.get("dominates_at_ranks")
+    lines.append("  communication would pass computation at " +
+                 (f"~{where} ranks (model, same per-rank work)" if where else
+                  "no rank count below 100,000 (model)"))
+    for k in m["knobs"][:3]:
+        lines.append(f"  {k['knob']}: {k['how']} -> predicted {k['of_limit']:.2f} of limit "
+                     f"(measured now {m['now_of_limit']:.2f}, {k['gain']:+.2f})")
+    return lines
 
 
 def write(sd: StudyDir) -> tuple[dict, list[Path]]:
@@ -427,93 +452,6 @@ def write(sd: StudyDir) -> tuple[dict, list[Path]]:
     text = table(report)
     (folder / "report.txt").write_text(text + "\n")
     paths = [folder / "report.json", folder / "report.csv", folder / "report.txt"]
+    from .study_plots import plots
+
     return report, paths + plots(report, folder)
-
-
-# ---------------------------------------------------------------------- status and compare
-
-def status(sd: StudyDir) -> list[dict]:
-    state = sd.state()
-    out = []
-    for p in sd.points():
-        e = state.get(p.id, {})
-        out.append({"point": p.id, "kind": p.kind, "axes": p.axes, "job_id": e.get("job_id"),
-                    "status": e.get("status") or "not submitted", "slurm": e.get("slurm"),
-                    "attempts": e.get("attempts", 0)})
-    return out
-
-
-def _flatten(tree, prefix=""):
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, tree
-
-
-def compare(a: StudyDir, b: StudyDir) -> dict:
-    """What differs between two studies: inputs (by sha256), resolved job specs, environment,
-    and each configuration's throughput, flagged where the difference is beyond the spread."""
-    import yaml
-
-    from .study import BUNDLE_FILE, ENVIRONMENT, read_manifest
-
-    # What the jobs ran from; bundle.json and environment.json describe the making (the
-    # environment is compared on its own below).
-    about = {BUNDLE_FILE, ENVIRONMENT}
-    ma, mb = ({k: v for k, v in read_manifest(sd.path).items() if k not in about} for sd in (a, b))
-    inputs = {
-        "only_in_a": sorted(set(ma) - set(mb)), "only_in_b": sorted(set(mb) - set(ma)),
-        "different": sorted(k for k in set(ma) & set(mb) if ma[k] != mb[k]),
-    }
-    specs = []
-    pb = {p.id: p for p in b.points()}
-    for p in a.points():
-        if p.id not in pb or not a.point_spec(p).is_file() or not b.point_spec(p).is_file():
-            continue
-        ja = dict(_flatten(yaml.safe_load(a.point_spec(p).read_text())))
-        jb = dict(_flatten(yaml.safe_load(b.point_spec(p).read_text())))
-        for key in sorted(set(ja) | set(jb)):
-            if key in ("output_dir",) or ja.get(key) == jb.get(key):
-                continue
-            specs.append({"point": p.id, "key": key, "a": ja.get(key), "b": jb.get(key)})
-    env_a, env_b = ({} if not (sd.path / ENVIRONMENT).is_file() else
-                    json.loads((sd.path / ENVIRONMENT).read_text()) for sd in (a, b))
-    env = [{"key": k, "a": env_a.get(k), "b": env_b.get(k)} for k in sorted(set(env_a) | set(env_b))
-           if k != "made" and env_a.get(k) != env_b.get(k)]
-    ra = {r["config"]: r for r in analyse(a)["rows"]}
-    rb = {r["config"]: r for r in analyse(b)["rows"]}
-    results = []
-    for cid in sorted(set(ra) & set(rb)):
-        x, y = ra[cid]["throughput"], rb[cid]["throughput"]
-        if not x["n"] or not y["n"]:
-            continue
-        beyond = x["max"] < y["min"] or y["max"] < x["min"]
-        results.append({"config": cid, "axes": ra[cid]["axes"], "a": x, "b": y,
-                        "ratio": y["median"] / x["median"] if x["median"] else None,
-                        "beyond_spread": beyond})
-    return {"a": str(a.path), "b": str(b.path), "inputs": inputs, "specs": specs,
-            "environment": env, "results": results}
-
-
-def compare_text(c: dict) -> str:
-    lines = [f"A: {c['a']}", f"B: {c['b']}", "inputs:"]
-    i = c["inputs"]
-    if not any(i.values()):
-        lines.append("  identical (every sha256 matches)")
-    for key, word in (("different", "differs"), ("only_in_a", "only in A"), ("only_in_b", "only in B")):
-        lines += [f"  {name}: {word}" for name in i[key]]
-    lines.append("job specs:" + ("" if c["specs"] else " identical"))
-    lines += [f"  {s['point']} {s['key']}: {s['a']!r} -> {s['b']!r}" for s in c["specs"][:50]]
-    lines.append("environment:" + ("" if c["environment"] else " identical"))
-    lines += [f"  {e['key']}: {e['a']!r} -> {e['b']!r}" for e in c["environment"]]
-    lines.append("results (samples/s median [min-max]):")
-    for r in c["results"]:
-        a, b = r["a"], r["b"]
-        verdict = "DIFFERS beyond the repeats' spread" if r["beyond_spread"] else "within the spread"
-        lines.append(f"  {r['config']} ({_label(r['axes'])}): A {a['median']:.1f} [{a['min']:.1f}-"
-                     f"{a['max']:.1f}]  B {b['median']:.1f} [{b['min']:.1f}-{b['max']:.1f}]  "
-                     f"B/A {r['ratio']:.3f}  {verdict}")
-    if not c["results"]:
-        lines.append("  (no configuration has results in both)")
-    return "\n".join(lines)

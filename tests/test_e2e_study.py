@@ -58,8 +58,13 @@ def check_report(study_dir: Path, env: dict) -> dict:
     fit = report["allreduce"]["2x1"]
     assert fit["alpha_s"] >= 0 and fit["bandwidth_Bps"] > 0
     m = rows[1]["model"]
-    assert m["predicted_comm_s"] > 0 and m["gradient_bytes"] > 0 and m["knobs"]
-    assert all("of_limit" in k and "how" in k for k in m["knobs"])
+    assert m["predicted_comm_s"] > 0 and m["gradient_bytes"] > 0
+    # diagnosed, or flagged as not diagnosable (2 cores: the ranks may compete for them)
+    assert m.get("knobs") or rows[1]["flags"], rows[1]
+    assert all("of_limit" in k and "how" in k for k in m.get("knobs", []))
+    if m.get("knobs"):
+        assert m["now_of_limit"] == rows[1]["of_limit"]
+    assert not report["warnings"], report["warnings"]      # every version recorded
     folder = study_dir / "report"
     for name in ("throughput.png", "efficiency.png"):
         assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -67,7 +72,7 @@ def check_report(study_dir: Path, env: dict) -> dict:
         table = list(csv.DictReader(f))
     assert [int(r["ranks"]) for r in table] == [1, 2]
     text = run_cli("study", "report", str(study_dir), env=env, timeout=300).stdout
-    assert "samples/s median [min-max]" in text and "allreduce model on 2x1" in text
+    assert "measured samples/s med [min-max]" in text and "allreduce model on 2x1" in text
     return report
 
 
@@ -81,6 +86,10 @@ def test_weak_scaling_study(local_cluster, tmp_path, backend):
     check_report(study_dir, env)
     status = json.loads(run_cli("study", "status", str(study_dir), "--json", env=env).stdout)
     assert len(status) == 9 and {s["status"] for s in status} == {"done"}
+    # Slurm's word on each finished job, not the RUNNING state.json saw when results appeared
+    assert {(s["slurm"], s["slurm_from"] != "state.json") for s in status} == {("COMPLETED", True)}
+    text = run_cli("study", "status", str(study_dir), env=env).stdout
+    assert text.count("COMPLETED") == 9 and "(state.json)" not in text
     assert {s["kind"] for s in status} == {"train", "limit", "allreduce"}
     results = json.loads(next((study_dir / "runs" / "weak-p01L-r0").glob("*/results.json")).read_text())
     assert results["world_size"] == 2 and len(set(results["param_checksums"])) == 2  # no allreduce
@@ -104,6 +113,7 @@ def test_weak_scaling_study(local_cluster, tmp_path, backend):
     text = run_cli("study", "compare", str(elsewhere / "bundle"), str(elsewhere / "again"),
                    env=env).stdout
     assert "identical (every sha256 matches)" in text and "B/A" in text
+    assert "\\n" not in text and "warning" not in text    # versions on one line, all recorded
 
 
 def test_a_study_of_a_users_script_survives_an_interrupt(local_cluster, tmp_path):

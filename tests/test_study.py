@@ -191,3 +191,262 @@ def test_manifest_leaves_out_hidden_bookkeeping(tmp_path):
     (tmp_path / "inputs" / "job.yaml").write_text("name: x\n")
     st.write_manifest(tmp_path, {})
     assert list(st.read_manifest(tmp_path)) == ["inputs/job.yaml"]
+
+
+# ---------------------------------------------------------------------- a finished study, faked
+
+def fake_study(path, steps: dict, mode="weak", model=True, environment=None):
+    """A study directory whose points have finished: ``steps`` maps (config, kind, repeat) to
+    the per-step seconds of that job (config p00: 1 rank, p01: 2 ranks)."""
+    import json
+
+    sd = st.StudyDir(path)
+    path.mkdir(parents=True)
+    (path / "study.yaml").write_text(f"name: s\nbase: job.yaml\nmode: {mode}\n"
+                                     "axes: {nodes: [1, 2]}\nrepeats: 2\nwarmup_steps: 0\n"
+                                     "steps: 10\n")
+    points, state = [], {}
+    for (config, kind, repeat), step in steps.items():
+        nodes = 1 if config == "p00" else 2
+        pid = f"{config}{'L' if kind == 'limit' else ''}-r{repeat}"
+        points.append(st.Point(pid, kind, config, {"nodes": nodes, "tasks_per_node": 1},
+                               repeat, f"s-{pid}"))
+        job = str(100 + len(points))
+        state[pid] = {"job_id": job, "status": "done", "slurm": "RUNNING", "attempts": 1}
+        run = path / "runs" / f"s-{pid}" / job
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({
+            "status": "completed", "step_times_s": [step] * 10, "batch_size_per_rank": 32,
+            "world_size": nodes, "grad_accumulation": 1, "gradient_bytes": 4_000_000,
+            "gradient_tensors": 1}))
+    if model:
+        points.append(st.Point("a00", "allreduce", "a00", {"nodes": 2, "tasks_per_node": 1}, 0,
+                               "s-a00"))
+        state["a00"] = {"job_id": "999", "status": "done", "attempts": 1}
+        (path / "runs" / "s-a00" / "999").mkdir(parents=True)
+        (path / "runs" / "s-a00" / "999" / "allreduce.json").write_text(json.dumps({
+            "world_size": 2, "fit": {"horovod": {"alpha_s": 1e-4, "bandwidth_Bps": 1e9, "n": 2}}}))
+    (path / "points.json").write_text(json.dumps({"mode": mode,
+                                                  "points": [p.to_json() for p in points]}))
+    (path / "state.json").write_text(json.dumps(state))
+    (path / "environment.json").write_text(json.dumps(environment or {"horovod": "0.28.1"}))
+    return sd
+
+
+def steady(one, one_limit, two, two_limit):
+    """Both repeats alike: seconds per step of p00, its limit, p01, its limit."""
+    return {(c, k, r): s for r in (0, 1) for c, k, s in (
+        ("p00", "train", one), ("p00", "limit", one_limit),
+        ("p01", "train", two), ("p01", "limit", two_limit))}
+
+
+def test_of_limit_is_one_number_in_the_table_and_the_advice(tmp_path):
+    # Repeats 10 ms and 12 ms against a 6 ms limit: the median of the throughputs over the
+    # limit's is 0.55, the limit's step over the median step 0.545; the report shows one.
+    steps = steady(0.005, 0.005, 0.010, 0.006)
+    steps[("p01", "train", 1)] = 0.012
+    sd = fake_study(tmp_path / "s", steps)
+    report = sr.analyse(sd)
+    row = report["rows"][1]
+    assert row["of_limit"] == pytest.approx(0.006 / 0.011) == sr.of_limit(row)
+    assert row["model"]["now_of_limit"] == row["of_limit"] and not row["flags"]
+    text = sr.table(report)
+    line = next(l for l in text.splitlines() if l.startswith("all") and " 2 " in l)
+    assert f" {row['of_limit']:.2f} " in line
+    assert f"({row['of_limit']:.2f} of limit)" in text
+    assert f"measured now {row['of_limit']:.2f}" in text
+    # the columns say what they are
+    assert "measured samples/s med [min-max]" in text and "predicted" in text
+    assert "comm ms: predicted by the allreduce model" in text
+    flat = sr.flat(row)
+    assert set(flat) == set(sr.COLUMNS) and flat["measured_of_limit"] == row["of_limit"]
+    assert all(c.startswith(("measured_", "predicted_")) for c in sr.COLUMNS
+               if c not in ("series", "config", "ranks", "repeats", "flags", "best_knob"))
+
+
+def test_repeats_that_disagree_are_flagged_not_diagnosed(tmp_path):
+    steps = steady(0.005, 0.005, 0.010, 0.006)
+    steps[("p01", "train", 1)] = 0.014                    # 1.4x the other repeat
+    report = sr.analyse(fake_study(tmp_path / "s", steps))
+    row = report["rows"][1]
+    assert len(row["flags"]) == 1 and "repeats spread 1.40x" in row["flags"][0]
+    assert "knobs" not in row["model"] and "measured_overhead_s" not in row["model"]
+    assert row["model"]["predicted_comm_s"] > 0            # the prediction stays
+    text = sr.table(report)
+    assert "FLAGGED, not diagnosed: repeats spread 1.40x" in text and "overhead" not in text
+    assert "p01" in text.splitlines()[-1] and "FLAGGED" in sr.flat(row)["flags"] + "FLAGGED"
+
+
+def test_a_limit_that_does_not_grow_with_ranks_is_flagged(tmp_path):
+    # Weak scaling: 2 ranks should do ~2x the samples/s of 1 without the allreduce; here the
+    # limit's step went from 5 to 9 ms (1.11x the throughput): the ranks shared a core.
+    report = sr.analyse(fake_study(tmp_path / "w", steady(0.005, 0.005, 0.012, 0.009)))
+    row = report["rows"][1]
+    assert len(row["flags"]) == 1 and "competed for the CPU" in row["flags"][0]
+    assert "grew 1.11x from 1 to 2 ranks, not ~2x" in row["flags"][0]
+    assert "knobs" not in row["model"]
+    # 1.6x of the 2x expected is within LIMIT_GROWTH_FLAG: read as communication
+    report = sr.analyse(fake_study(tmp_path / "ok", steady(0.005, 0.005, 0.012, 0.00625)))
+    assert report["rows"][1]["flags"] == [] and report["rows"][1]["model"]["knobs"]
+    # strong scaling shrinks the per-rank batch: its limit is not held to that growth
+    report = sr.analyse(fake_study(tmp_path / "s", steady(0.005, 0.005, 0.012, 0.009), "strong"))
+    assert report["rows"][1]["flags"] == []
+
+
+def test_flag_thresholds():
+    def row(ranks, thr, lim):
+        return {"ranks": ranks, "throughput": sr.spread(thr), "limit_throughput": sr.spread(lim)}
+
+    base = row(1, [100, 100], [100, 100])
+    assert sr.flags(row(2, [150, 150 * 1.25], [200, 200]), base, "weak") == []
+    assert len(sr.flags(row(2, [150, 150 * 1.26], [200, 200]), base, "weak")) == 1
+    assert "the limit's repeats" in sr.flags(row(2, [150, 150], [150, 200]), base, "weak")[0]
+    assert sr.flags(row(4, [150], [300]), base, "weak") == []              # 0.75 x 4
+    assert len(sr.flags(row(4, [150], [299]), base, "weak")) == 1
+    assert sr.flags(base, base, "weak") == []                              # the base itself
+
+
+def test_environment_failures_warn_in_the_report(tmp_path):
+    env = {"horovod": "0.28.1", "horovod_build": {"error": "horovodrun --check-build exit 124: "
+                                                          "did not answer within 180s"}}
+    sd = fake_study(tmp_path / "s", steady(0.005, 0.005, 0.010, 0.006), environment=env)
+    report = sr.analyse(sd)
+    assert report["warnings"] == [
+        "warning: environment.json: horovod_build was not recorded (horovodrun --check-build "
+        "exit 124: did not answer within 180s); results are not affected, but comparisons of it "
+        "are blind"]
+    assert sr.table(report).splitlines()[1] == report["warnings"][0]
+    (sd.path / "environment.json").unlink()
+    assert "missing or unreadable" in sr.analyse(sd)["warnings"][0]
+
+
+# ---------------------------------------------------------------------- the environment
+
+def test_environment_is_cached_per_installation_and_failures_are_not(tmp_path, monkeypatch):
+    from hpcsuite import study_env
+
+    asked = []
+
+    def asker(names, horovod):
+        asked.append(list(names))
+        return {n: ({"error": "mpirun did not answer within 60s"} if n == "mpi" and
+                    len(asked) == 1 else f"{n} 1.0") for n in names}
+
+    env = study_env.environment(cache=tmp_path, asker=asker)
+    assert env["mpi"] == {"error": "mpirun did not answer within 60s"}
+    assert env["horovod_build"] == "horovod_build 1.0" and env["slurm"] == "slurm 1.0"
+    env = study_env.environment(cache=tmp_path, asker=asker)
+    assert asked == [["horovod_build", "mpi", "slurm"], ["mpi"]]     # the failure asked again
+    assert env["mpi"] == "mpi 1.0"
+    study_env.environment(cache=tmp_path, asker=asker)
+    assert len(asked) == 2                                           # all cached now
+    # another installation (here: another Horovod version) asks again
+    real = study_env.packages
+    monkeypatch.setattr(study_env, "packages", lambda: {**real(), "horovod": "9.9"})
+    study_env.environment(cache=tmp_path, asker=asker)
+    assert asked[-1] == ["horovod_build", "mpi", "slurm"]
+
+
+def test_a_dry_run_leaves_only_the_slow_tool_pending(tmp_path):
+    from hpcsuite import study_env
+
+    asked = []
+
+    def asker(names, horovod):
+        asked.append(list(names))
+        return {n: f"{n} 1.0" for n in names}
+
+    env = study_env.environment(ask=False, cache=tmp_path, asker=asker)
+    assert asked == [["mpi", "slurm"]] and study_env.pending(env) == ["horovod_build"]
+    assert study_env.warnings(env) == ["warning: environment.json: horovod_build not asked yet "
+                                       "(made by a dry run)"]
+    env = study_env.environment(cache=tmp_path, asker=asker)           # the first real run
+    assert asked[-1] == ["horovod_build"] and study_env.pending(env) == []
+    assert study_env.environment(ask=False, cache=tmp_path, asker=asker)["horovod_build"] \
+        == "horovod_build 1.0" and len(asked) == 2
+
+
+def test_a_tool_that_fails_or_hangs_records_its_error(monkeypatch):
+    from hpcsuite import slurm, study_env
+
+    def call(argv, **kw):
+        if argv[0] == "mpirun":
+            raise UserError("mpirun did not answer within 60s: mpirun --version")
+        return slurm.Completed(argv, 1, "", "sbatch: fatal: no configuration\n")
+
+    monkeypatch.setattr(slurm, "call", call)
+    assert study_env.ask_tools(["mpi", "slurm", "horovod_build"], horovod=False) == {
+        "mpi": {"error": "mpirun did not answer within 60s: mpirun --version"},
+        "slurm": {"error": "sbatch exit 1: sbatch: fatal: no configuration"},
+        "horovod_build": None}
+
+
+def test_compare_shows_versions_on_one_line_and_failures_as_warnings():
+    from hpcsuite import study_compare
+
+    build_text = ("Horovod v0.28.1:\n\nAvailable Frameworks:\n    [X] TensorFlow\n    [X] PyTorch\n"
+                  "    [ ] MXNet\n\nAvailable Controllers:\n    [X] MPI\n    [X] Gloo\n\n"
+                  "Available Tensor Operations:\n    [ ] NCCL\n    [X] MPI\n    [X] Gloo\n")
+    parsed = {"controllers": ["Gloo", "MPI"], "frameworks": ["PyTorch", "TensorFlow"],
+              "operations": ["Gloo", "MPI"]}
+    a = {"horovod_build": build_text, "mpi": "Open MPI 4.1.4", "made": "1", "host": "x" * 200}
+    b = {"horovod_build": parsed, "mpi": {"error": "mpirun did not answer within 60s"},
+         "made": "2", "host": "y"}
+    diffs, warnings = study_compare.compare_environments(a, b)
+    assert [d["key"] for d in diffs] == ["host"]          # an old bundle's text build == parsed
+    assert len(diffs[0]["a"]) <= 80 and "\n" not in diffs[0]["a"]
+    assert warnings == ["warning: B: environment.json: mpi was not recorded (mpirun did not "
+                        "answer within 60s); results are not affected, but comparisons of it "
+                        "are blind"]
+    b["horovod_build"] = {**parsed, "operations": ["Gloo", "MPI", "NCCL"]}
+    diffs, _ = study_compare.compare_environments(a, b)
+    build = next(d for d in diffs if d["key"] == "horovod_build")
+    assert build["b"] == "controllers Gloo, MPI; frameworks PyTorch, TensorFlow; operations " \
+                         "Gloo, MPI, NCCL"
+
+
+# ---------------------------------------------------------------------- status
+
+def test_status_asks_slurm_for_each_points_job(tmp_path):
+    from hpcsuite import study_status
+    from hpcsuite.jobs import JobState
+
+    sd = fake_study(tmp_path / "s", steady(0.005, 0.005, 0.010, 0.006))
+    asked = []
+
+    def query(ids):
+        asked.append(ids)
+        return {j: JobState(j, "COMPLETED" if j != "102" else "FAILED", "0:0", None, None, None,
+                            source="sacct") for j in ids if j != "999"}
+
+    rows, note = study_status.status(sd, query)
+    assert len(asked) == 1 and len(asked[0]) == 9             # one query for every point
+    slurm = {r["point"]: (r["slurm"], r["slurm_from"]) for r in rows}
+    assert slurm["p00-r0"] == ("COMPLETED", "sacct") and slurm["p00L-r0"] == ("FAILED", "sacct")
+    assert slurm["a00"] == (None, "state.json")               # Slurm forgot it: state.json's
+    assert "no longer knows the jobs of 1 point(s) (a00)" in note
+
+    def down(ids):
+        raise UserError("squeue failed (exit 1): slurm_load_jobs error: Unable to contact "
+                        "slurm controller")
+
+    rows, note = study_status.status(sd, down)
+    assert {r["slurm"] for r in rows if r["kind"] != "allreduce"} == {"RUNNING"}
+    assert {r["slurm_from"] for r in rows} == {"state.json"}
+    assert note.startswith("Slurm could not be asked (squeue failed")
+
+
+def test_status_cli_without_slurm_falls_back_with_a_note(tmp_path):
+    import json
+    import os
+
+    sd = fake_study(tmp_path / "s", steady(0.005, 0.005, 0.010, 0.006))
+    env = {**os.environ, "PATH": str(tmp_path / "no-slurm-here")}
+    proc = run_cli("study", "status", str(sd.path), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("note: ") and "Traceback" not in proc.stderr
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 9 and {r["slurm_from"] for r in rows} == {"state.json"}
+    proc = run_cli("study", "status", str(sd.path), env=env)
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("p00-r0"))
+    assert "RUNNING (state.json)" in line and "command not found" in proc.stderr

@@ -49,7 +49,8 @@ def _say(message: str) -> None:
 @click.option("--timeout", type=float, default=None, help="With --wait: stop following after "
               "SECONDS (the jobs go on; run again to continue).")
 @click.option("--dry-run", is_flag=True, help="Make the bundle and check every point against "
-              "the site's rules; submit nothing.")
+              "the site's rules; submit nothing (versions not cached for this installation "
+              "are asked by the first real run).")
 def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
     """Render and submit every point of TARGET (a study spec, or a study directory to go on).
 
@@ -65,7 +66,7 @@ def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
         sd = StudyDir(Path(target))
         sd.points()
     else:
-        sd = create(target, directory, profile_path)
+        sd = create(target, directory, profile_path, ask_tools=not dry_run)
     points = sd.points()
     _say(f"study {sd.path.name}: {len(points)} jobs in {sd.path}")
     if dry_run:
@@ -94,20 +95,24 @@ def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
 @click.argument("target", type=FilePath(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_cmd(target, as_json):
-    """Where each point of a study is (TARGET: study directory or study spec)."""
+    """Where each point of a study is (TARGET: study directory or study spec): the study's
+    own status and Slurm's state of the point's job, asked now (state.json's, with a note,
+    when Slurm cannot be asked)."""
     from ..study import open_study
-    from ..study_report import status
+    from ..study_status import status
 
-    sd = open_study(target)
-    rows = status(sd)
+    rows, note = status(open_study(target))
+    if note:
+        click.echo(f"note: {note}", err=True)
     if as_json:
         emit_json(rows)
         return
-    click.echo(f"{'point':<10} {'kind':<9} {'job':>8} {'status':<14} {'slurm':<10} axes")
+    click.echo(f"{'point':<10} {'kind':<9} {'job':>8} {'status':<14} {'slurm':<24} axes")
     for r in rows:
         axes = ", ".join(f"{k}={v}" for k, v in r["axes"].items())
+        slurm = (r["slurm"] or "-") + (" (state.json)" if r["slurm_from"] == "state.json" else "")
         click.echo(f"{r['point']:<10} {r['kind']:<9} {r['job_id'] or '-':>8} {r['status']:<14} "
-                   f"{r['slurm'] or '-':<10} {axes}")
+                   f"{slurm:<24} {axes}")
 
 
 @study.command("report")
@@ -161,7 +166,7 @@ def compare_cmd(a, b, as_json):
     """What differs between studies A and B: inputs (sha256), resolved job specs, versions, and
     each configuration's throughput, marked where it differs by more than the repeats' spread."""
     from ..study import open_study
-    from ..study_report import compare, compare_text
+    from ..study_compare import compare, compare_text
 
     c = compare(open_study(a), open_study(b))
     if as_json:
