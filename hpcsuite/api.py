@@ -202,7 +202,7 @@ class Run:
         self._n = n
         sharder = Sharder(n, self.size, self.rank, batch_size or self.t.batch_size, self.t.seed,
                           accumulation or self.t.grad_accumulation)
-        epochs = epochs or self.t.epochs
+        epochs = epochs or self.t.epoch_limit(sharder.steps_per_epoch())
         while self.cursor.epoch < epochs:
             for batch in sharder.epoch(self.cursor):
                 if self.t.max_steps and self.step >= self.t.max_steps:
@@ -366,7 +366,7 @@ class Run:
             model=self.t.script, world_size=self.size, hosts=[g["host"] for g in gathered],
             dataset_samples=self._n or 0, steps=self.step - self.start_step,
             start_step=self.start_step, final_step=self.step, cursor=self.cursor.to_json(),
-            resumed_from=self.resumed_from, epochs=self.t.epochs,
+            resumed_from=self.resumed_from, epochs=self.t.epochs or 1,
             batch_size_per_rank=self.t.batch_size, grad_accumulation=self.t.grad_accumulation,
             precision=self.t.precision, samples=total, elapsed_s=elapsed_max,
             samples_per_s=total / elapsed_max if elapsed_max else 0.0,

@@ -317,11 +317,12 @@ def check_before_submit(job, workdir: str | Path) -> None:
                         f"{shown} to start over there")
     t = job.train
     step, epoch = manifest.get("step"), manifest.get("epoch")
-    finished = (isinstance(epoch, int) and epoch >= t.epochs) or \
+    finished = (isinstance(epoch, int) and epoch >= (t.epochs or 1) and t.max_steps is None) or \
+        (isinstance(epoch, int) and t.epochs is not None and epoch >= t.epochs) or \
         (t.max_steps is not None and isinstance(step, int) and step >= t.max_steps)
     if finished:
         upto = f"train.max_steps {t.max_steps}" if t.max_steps is not None and step >= t.max_steps \
-            else f"train.epochs {t.epochs}"
+            else f"train.epochs {t.epochs or 1}"
         raise UserError(
             f"{shown}/{path.name}: already holds a finished run of {job.name} (step {step}, "
             f"{upto} reached); submitting it again would train 0 steps. To train on from it, "

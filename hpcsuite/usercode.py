@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,3 +121,25 @@ def load(ref: UserRef, dirs: list[Path]):
     except AttributeError:
         raise LookupError(f"{ref.text}: {getattr(module, '__file__', ref.where)} defines no "
                           f"{ref.name}") from None
+
+
+@contextmanager
+def blame(key: str, ref: str | None):
+    """User code run inside this block that raises is named by its spec key: the exception
+    gets ``hpcsuite_key`` ("train.model (net.py:build)") for the failure's first line and a
+    note under its traceback. hpcsuite's own UserErrors already name their key."""
+    from .errors import UserError
+
+    try:
+        yield
+    except UserError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - user code can raise anything; re-raised
+        if getattr(e, "hpcsuite_key", None) is None and ref is not None:
+            where = f"{key} ({ref})" if ":" in ref else key
+            try:
+                e.hpcsuite_key = where
+                e.add_note(f"(raised in {where})")
+            except (AttributeError, TypeError):
+                pass
+        raise

@@ -50,14 +50,16 @@ class HorovodBackend:
                 width = int(np.prod(target)) if target else 1
                 return models.build(self.t.model, self.name, tuple(data.shape), width)
             return models.build(self.t.model, self.name, tuple(data.shape), data.classes)
-        builder = usercode.load(ref, usercode.search_dirs(self.t.pythonpath))
-        return builder(tuple(data.shape), target)
+        with usercode.blame("train.model", self.t.model):
+            builder = usercode.load(ref, usercode.search_dirs(self.t.pythonpath))
+            return builder(tuple(data.shape), target)
 
     def user_loss(self):
         from .. import usercode
 
         ref = usercode.parse(self.t.loss)
-        return usercode.load(ref, usercode.search_dirs(self.t.pythonpath)) if ref else None
+        with usercode.blame("train.loss", self.t.loss):
+            return usercode.load(ref, usercode.search_dirs(self.t.pythonpath)) if ref else None
 
     def check_output(self, out_shape, batch: int, data) -> None:
         """One line when the model's output does not fit the data."""

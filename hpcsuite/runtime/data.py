@@ -234,8 +234,9 @@ class Python:
         if not spec.factory:
             raise UserError(f"{key}: required when the data kind is python")
         self.key, self.ref = key, spec.factory
-        factory = usercode.load(usercode.parse(spec.factory), dirs or usercode.search_dirs([]))
-        self.ds = factory(**spec.args)
+        with usercode.blame(key, spec.factory):
+            factory = usercode.load(usercode.parse(spec.factory), dirs or usercode.search_dirs([]))
+            self.ds = factory(**spec.args)
         try:
             n = len(self.ds)
         except TypeError:
@@ -259,7 +260,13 @@ class Python:
             self.classes, self.target_shape = None, tuple(y.shape[1:])
 
     def _fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = self.ds[ids]
+        try:
+            out = self.ds[ids]
+        except BaseException:  # noqa: BLE001 - named by its key, re-raised
+            from ..usercode import blame
+
+            with blame(self.key, self.ref):
+                raise
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise UserError(f"{self.key}: {self.ref}: ds[ids] must return (inputs, targets), "
                             f"got {type(out).__name__}")

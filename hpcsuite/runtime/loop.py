@@ -12,6 +12,7 @@ stop or validate, and *what* to record lives here, once:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .data import open_train_eval
 from .schedule import learning_rate
 from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
+from . import vote
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +208,7 @@ class Trainer:
         self.lr: float | None = None
         self.saved_step: int | None = None   # the step of the latest checkpoint save
         self.progress_at = float("-inf")
+        self.epochs = float(self.t.epochs or 1)   # run() knows it once the data is open
         self.timeline = None         # a Horovod timeline window (train.monitor.timeline_steps)
         self.sampler = None
         self.utilisation: list[dict] = []
@@ -281,6 +284,7 @@ class Trainer:
         sharder = Sharder(len(data), self.b.size, self.b.rank, self.t.batch_size, self.t.seed,
                           self.t.grad_accumulation)
         policy = Policy(self.job, p.start_step, time.monotonic())
+        self.epochs = self.t.epoch_limit(sharder.steps_per_epoch())
         if self.b.rank == 0:
             log.info("training: %d ranks, %d samples%s, %d steps per epoch, from step %d (epoch "
                      "%d, sample %d)", self.b.size, len(data),
@@ -298,7 +302,7 @@ class Trainer:
                                    mon.timeline_start_step, mon.timeline_steps)
             self.timeline.step(p.step)
         t_start = time.perf_counter()
-        while p.cursor.epoch < self.t.epochs and stop is None and not policy.done(p.step):
+        while p.cursor.epoch < self.epochs and stop is None and not policy.done(p.step):
             stop = self.train_epoch(data, sharder, p, policy)
             if stop is None and p.cursor.consumed >= len(data):
                 p.cursor = Cursor(p.cursor.epoch + 1, 0)
@@ -312,8 +316,6 @@ class Trainer:
             self.b.poll_result(self.poll)          # every rank posted it; every rank collects it
         self.settle_losses()
         m = self.metrics
-        if self.b.rank == 0 and m.real:
-            self.write_progress(p, m.real[-1])     # the last step, not one up to 2 s before it
         if self.t.checkpoint.enabled and stop is None and p.step > p.start_step and \
                 not (m.checkpoints and m.checkpoints[-1]["step"] == p.step):
             self.save(p, "final")
@@ -390,7 +392,7 @@ class Trainer:
             return   # past any warm-up a constant schedule has nothing to compute
         end = min(p.cursor.consumed + sharder.step_slots, n)
         rate = learning_rate(self.t.schedule, self.t.lr, self.b.size, p.cursor.epoch + end / n,
-                             self.t.epochs)
+                             self.epochs)
         if rate != self.lr:
             self.b.set_lr(rate)
             self.lr = rate
@@ -402,23 +404,27 @@ class Trainer:
             self.timeline.step(p.step)
         if self.poll is not None and p.step > self.poll_step:
             # The vote posted after the previous step went with this step's gradients.
-            wants_stop, wants_save, smallest = self.b.poll_result(self.poll)
+            result = vote.decode(self.b.poll_result(self.poll), self.b.size)
             self.poll = None
-            stop = "preempted" if wants_stop else None
-            save = bool(wants_stop or wants_save)
-            policy.agreed(self.poll_step, -smallest)   # sent negated: Max over ranks is the min
+            stop = "preempted" if result.stop else None
+            save = result.stop or result.save
+            policy.agreed(self.poll_step, result.interval)
+            if self.b.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS:
+                self.write_progress(*self.poll_at, result.loss_sum / self.poll_at[2])
         if stop is None and self.poll is None and policy.poll_due(p.step):
             self.settle_losses()
             wants_stop = self.flag.raised or self.time_limit_near(policy)
             if wants_stop and self.noticed_step is None:
                 self.noticed_step = p.step
-            self.poll = self.b.poll_start([int(wants_stop),
-                                           int(policy.time_to_save(time.monotonic())),
-                                           -policy.propose_interval(self.metrics.step_times)])
+            # The vote carries this step's loss sum too: progress shows the global mean.
+            self.poll = self.b.poll_start(vote.encode(
+                wants_stop, policy.time_to_save(time.monotonic()),
+                policy.propose_interval(self.metrics.step_times),
+                self.metrics.loss_sums[-1] if self.metrics.loss_sums else float("nan"),
+                self.b.rank, self.b.size))
             self.poll_step = p.step
+            self.poll_at = (p.step, p.cursor.epoch, step_real)
             policy.polled(p.step)
-            if self.b.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS:
-                self.write_progress(p, step_real)
         if policy.save_due(p.step, save):
             self.save(p, self.stop_reason() if stop else "interval")
             policy.saved(time.monotonic())
@@ -446,13 +452,15 @@ class Trainer:
         return stop_reason(self.time_limit,
                            self.t.preemption.signal_lead(self.t.checkpoint.enabled))
 
-    def write_progress(self, p: Progress, step_real: int) -> None:
+    def write_progress(self, step: int, epoch: int, step_real: int, loss: float | None) -> None:
+        """progress.json (rank 0): ``loss`` is the step's global mean, from the vote or the
+        report's gather, never this rank's share alone."""
         m = self.metrics
         self.progress_at = time.monotonic()
         recent, real = m.step_times[-50:], m.real[-50:]
         write_progress(self.run_dir, {
-            "step": p.step, "epoch": p.cursor.epoch, "epochs": self.t.epochs,
-            "max_steps": self.t.max_steps, "loss": m.loss_sums[-1] / step_real if m.loss_sums else None,
+            "step": step, "epoch": epoch, "epochs": math.ceil(self.epochs),
+            "max_steps": self.t.max_steps, "loss": loss if loss == loss else None,  # NaN: none yet
             "samples_per_s": sum(real) / sum(recent) if sum(recent) > 0 else None,
             "lr": self.lr, "attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             "time": time.time()})
@@ -499,6 +507,8 @@ class Trainer:
         total = sum(g["samples"] for g in gathered)
         loss = [sum(col) / real for col, real in
                 zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
+        if loss:                                   # the last step, not one up to 2 s before it
+            self.write_progress(p.step, p.cursor.epoch, m.real[-1], loss[-1])
         sizes = self.b.gradient_sizes()
         results = Results(
             job=self.job.name, mode="managed", status=self.stop_reason() if stop else "completed",
@@ -507,7 +517,7 @@ class Trainer:
             model=self.t.model, world_size=self.b.size, hosts=[g["host"] for g in gathered],
             dataset_samples=n, steps=p.step - p.start_step, start_step=p.start_step,
             final_step=p.step, cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
-            epochs=self.t.epochs, batch_size_per_rank=self.t.batch_size,
+            epochs=math.ceil(self.epochs), batch_size_per_rank=self.t.batch_size,
             grad_accumulation=self.t.grad_accumulation, precision=self.t.precision,
             samples=total, elapsed_s=elapsed_max,
             samples_per_s=total / elapsed_max if elapsed_max else 0.0,

@@ -14,8 +14,10 @@ import os
 import numpy as np
 
 from ..errors import UserError
+from ..usercode import blame
 from ..spec import JobSpec, Optimizer
 from .backend import HorovodBackend
+from . import vote
 from .data import MAX_BLOCK, block_size, plan_blocks, read_block
 
 
@@ -100,10 +102,13 @@ class TensorFlowBackend(HorovodBackend):
                             "not a keras.Model (the job's backend is tensorflow)")
         self.user_loss_fn = self.user_loss()
         x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
-        out = self.model(x, training=False)             # builds the model's variables too
+        with blame("train.model", self.t.model):
+            out = self.model(x, training=False)         # builds the model's variables too
         self._seen_dtype = self._compute_dtype(x)
         self.check_output(out.shape, len(x), data)
-        self.check_per_sample(self.per_sample_loss(y, tf.cast(out, tf.float32)).shape, len(x))
+        with blame("train.loss", self.t.loss):
+            loss = self.per_sample_loss(y, tf.cast(out, tf.float32))
+        self.check_per_sample(loss.shape, len(x))
         optimizer = make_optimizer(keras, self.t.optimizer, self.t.lr)
         self.mixed = keras.mixed_precision.global_policy().name == "mixed_float16"
         self.inner_optimizer = optimizer
@@ -132,7 +137,7 @@ class TensorFlowBackend(HorovodBackend):
                  tf.TensorSpec([], tf.float32))
         self._step = graph_caller(micro.get_concrete_function(*specs, True))
         self._poll_step = graph_caller(micro.get_concrete_function(
-            *specs, True, tf.TensorSpec([3], tf.int32)))
+            *specs, True, tf.TensorSpec([vote.length(self.size)], tf.int32)))
         self._accumulate_step = graph_caller(micro.get_concrete_function(*specs, False)) \
             if self.t.grad_accumulation > 1 else None
 

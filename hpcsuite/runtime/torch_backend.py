@@ -8,6 +8,7 @@ import signal
 import numpy as np
 
 from ..errors import UserError
+from ..usercode import blame
 from ..spec import JobSpec, Optimizer
 from .backend import HorovodBackend
 from .data import Buffers, block_size, plan_blocks, read_block
@@ -138,9 +139,12 @@ class TorchBackend(HorovodBackend):
         x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
         x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         with torch.no_grad(), torch.autocast(**self.autocast):
-            out = self.model(x)
+            with blame("train.model", self.t.model):
+                out = self.model(x)
             self.check_output(out.shape, len(x), data)
-            self.check_per_sample(self.per_sample_loss(out.float(), y).shape, len(x))
+            with blame("train.loss", self.t.loss):
+                loss = self.per_sample_loss(out.float(), y)
+            self.check_per_sample(loss.shape, len(x))
 
     def per_sample_loss(self, out, y):
         torch = self.torch

@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, count
 from ..spec import JobSpec, spec_from_dict
 from .signals import FLAG, announce_ready
 
@@ -81,7 +81,7 @@ def main(job_path: str) -> None:
             fail(run_dir, rank, f"the script exited with {e.code!r}", code=e.code if
                  isinstance(e.code, int) else 1)
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
-        fail(run_dir, rank, user_traceback(e), code=1)
+        fail(run_dir, rank, user_traceback(e), code=1, key=getattr(e, "hpcsuite_key", None))
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 
@@ -134,7 +134,7 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
     path = results.write(run_dir)
     write_stop_marker(run_dir, results.status, results.final_step)
     print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
-          f"({results.samples_per_s:.1f} samples/s on {results.world_size} ranks)", flush=True)
+          f"({results.samples_per_s:.1f} samples/s on {count(results.world_size, 'rank')})", flush=True)
 
 
 def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
@@ -164,13 +164,13 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(lines).rstrip()
 
 
-def fail(run_dir: Path, rank: int, text: str, code: int) -> None:
+def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None) -> None:
     """Report a failure once for the whole job and end this rank now.
 
     The first rank to fail creates FAILED in the run directory and prints everything; a rank
     that fails after it prints one line. ``os._exit``: a clean exit would wait in Horovod's
     shutdown for ranks that are still waiting for this one."""
-    head = f"hpcsuite train: rank {rank} on {hostname()} failed"
+    head = f"hpcsuite train: rank {rank} on {hostname()} failed" + (f" in {key}" if key else "")
     first = True
     marker = run_dir / f"{FAILED_MARKER}-attempt-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
     try:

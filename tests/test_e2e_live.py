@@ -1,0 +1,88 @@
+"""End to end: the loss a user sees while a job runs (progress.json, which `status` and
+`submit --wait` print) is the global mean loss of its step on every rank, the number results.json
+records for that step, on 2 ranks, for both backends, padded last steps included."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+# 1000 samples, 2 ranks x 64: 8 steps an epoch, the last one padded (104 real samples of 128).
+SPEC = """name: live-{backend}
+resources: {{nodes: 2, tasks_per_node: 1}}
+train:
+  backend: {backend}
+  model: mlp
+  data: {{samples: 1000, shape: [16], classes: 4}}
+  batch_size: 64
+  epochs: {epochs}
+  lr: 0.05
+"""
+
+
+def follow(env, work: Path, spec_text: str) -> tuple[Path, dict, list[dict]]:
+    """Submit, read progress.json while the job runs; (run directory, results.json, every
+    progress record seen, by step)."""
+    (work / "job.yaml").write_text(spec_text)
+    proc = run_cli("submit", "job.yaml", "--json", cwd=work, env=env, check=True)
+    run_dir = Path(json.loads(proc.stdout)["run_dir"])
+    seen: dict[int, dict] = {}
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (run_dir / "results.json").is_file():
+        try:
+            p = json.loads((run_dir / "progress.json").read_text())
+            seen[p["step"]] = p
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    results = json.loads((run_dir / "results.json").read_text())
+    final = json.loads((run_dir / "progress.json").read_text())
+    seen[final["step"]] = final
+    return run_dir, results, [seen[k] for k in sorted(seen)]
+
+
+@pytest.mark.parametrize("backend,epochs", [("torch", 120), ("tensorflow", 40)])
+def test_live_loss_is_the_global_mean_of_its_step(local_cluster, tmp_path, backend, epochs):
+    _cluster, env = local_cluster
+    run_dir, results, seen = follow(env, tmp_path, SPEC.format(backend=backend, epochs=epochs))
+    assert results["status"] == "completed" and results["world_size"] == 2
+    loss = results["loss"]
+    assert len(loss) == results["final_step"] == 8 * epochs
+    # the last progress is the last step, a padded one
+    assert seen[-1]["step"] == results["final_step"]
+    with_loss = [p for p in seen if p.get("loss") is not None]
+    assert len(with_loss) >= 2, f"progress seen only at steps {[p['step'] for p in seen]}"
+    for p in with_loss:
+        assert p["loss"] == pytest.approx(loss[p["step"] - 1], rel=1e-6), \
+            f"step {p['step']}: live {p['loss']} vs results.json {loss[p['step'] - 1]}"
+    # status prints the same number, asked by job id from any directory
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    deadline = time.monotonic() + 120            # results.json comes just before the job ends
+    while True:
+        shown = json.loads(run_cli("status", results["job_id"], "--json", cwd=elsewhere,
+                                   env=env, check=True).stdout)
+        if shown["state"] == "COMPLETED" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert shown["name"] == f"live-{backend}" and shown["run_dir"] == str(run_dir)
+    assert shown["progress"]["loss"] == pytest.approx(loss[-1], rel=1e-6)
+    assert "None" not in json.dumps(shown)
+    text = run_cli("status", results["job_id"], cwd=elsewhere, env=env, check=True).stdout
+    assert text.startswith(f"job {results['job_id']} (live-{backend}): COMPLETED")
+    assert f"loss {loss[-1]:.4f}" in text
+
+
+def test_max_steps_alone_is_not_capped_at_one_epoch(local_cluster, tmp_path):
+    _cluster, env = local_cluster
+    spec = SPEC.format(backend="torch", epochs=1).replace("  epochs: 1\n", "  max_steps: 20\n")
+    assert "epochs" not in spec
+    _run_dir, results, _seen = follow(env, tmp_path, spec)
+    # 8 steps an epoch: 20 steps run into a third epoch
+    assert results["status"] == "completed" and results["final_step"] == 20
+    assert results["cursor"]["epoch"] == 2 and results["epochs"] == 3
