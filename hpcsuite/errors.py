@@ -63,3 +63,8 @@ def show(value: object, limit: int = 48) -> str:
     if isinstance(value, str):
         return f"{value[:limit]!r}… ({len(value)} characters)"
     return f"{text[:limit]}…"
+
+
+def count(n: object, noun: str) -> str:
+    """``1 rank``, ``2 ranks``: a count and its noun (plural by an s; nouns here are regular)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -31,6 +31,7 @@ class JobState:
     restarts: int | None = None      # times Slurm requeued it
     max_rss: str | None = None       # the largest MaxRSS of its steps (sacct), e.g. "322M"
     source: str = "scontrol"         # scontrol, squeue, sacct or jobcomp
+    start_time: str | None = None    # when Slurm expects to start it (scontrol), if pending
 
     @property
     def finished(self) -> bool:
@@ -65,8 +66,10 @@ def query(job_id: str) -> JobState:
         if rec.get("JobState"):
             restarts = rec.get("Restarts", "")
             live = JobState(job_id, rec["JobState"], rec.get("ExitCode", ""),
-                            rec.get("StdOut"), rec.get("WorkDir"), rec.get("Reason"),
-                            rec.get("RunTime"), int(restarts) if restarts.isdigit() else None)
+                            rec.get("StdOut"), rec.get("WorkDir"),
+                            rec.get("Reason") if rec.get("Reason") not in ("None", "") else None,
+                            rec.get("RunTime"), int(restarts) if restarts.isdigit() else None,
+                            start_time=rec.get("StartTime"))
     if live is not None and not live.finished:
         return live               # a job that runs or waits: the controller is the fresh source
     acct = accounting([job_id]).get(job_id)
@@ -102,7 +105,8 @@ def query_many(job_ids: list[str]) -> dict[str, JobState]:
             parts = line.split("|")
             if len(parts) == 4 and parts[0] in chunk:
                 found[parts[0]] = JobState(parts[0], parts[1], "", None, None,
-                                           parts[3] or None, parts[2], source="squeue")
+                                           parts[3] if parts[3] not in ("None", "") else None,
+                                           parts[2], source="squeue")
     missing = {j for j in ids if j not in found}
     if missing:
         for job_id, rec in _jobcomp_records(missing).items():
@@ -219,6 +223,73 @@ def _jobcomp_records(job_ids: set[str]) -> dict[str, dict[str, str]]:
     return found
 
 
+# --------------------------------------------------------------------------- pending reasons
+
+# Pending reasons a job does not leave by waiting (Slurm's "Job Reason Codes"): it asks for more
+# than its partition, QOS or association lets one job have, or for what does not exist. Only a
+# change by the site (or cancelling the job) ends them.
+NEVER_STARTS = {
+    "PartitionConfig": "it asks for more than its partition is configured to give one job "
+                       "(nodes, CPUs, GPUs or memory per node)",
+    "PartitionNodeLimit": "it asks for more nodes than its partition lets one job have",
+    "PartitionTimeLimit": "its time limit is longer than its partition allows",
+    "BadConstraints": "no node has the features (constraint) it asks for",
+    "InvalidAccount": "its account does not exist or may not use this partition",
+    "InvalidQOS": "its QOS does not exist or its account may not use it",
+    "DependencyNeverSatisfied": "it depends on a job that ended in a way the dependency excludes",
+    "QOSMaxNodePerJobLimit": "it asks for more nodes than its QOS lets one job have",
+    "QOSMaxCpuPerJobLimit": "it asks for more CPUs than its QOS lets one job have",
+    "QOSMaxGRESPerJob": "it asks for more GPUs (gres) than its QOS lets one job have",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is longer than its QOS allows",
+    "AssocMaxNodesPerJobLimit": "it asks for more nodes than its account lets one job have",
+    "AssocMaxCpuPerJobLimit": "it asks for more CPUs than its account lets one job have",
+    "AssocMaxWallDurationPerJobLimit": "its time limit is longer than its account allows",
+}
+# Requested nodes that are down, drained or reserved: they may come back, so this counts as
+# never only after it has lasted NODES_GONE_SECONDS, and never for a requeued job (its node
+# was lost and Slurm re-places it once the node returns).
+NODES_GONE = "ReqNodeNotAvail"
+NODES_GONE_SECONDS = 120.0
+EXPLAINED = {
+    "Priority": "other jobs come first",
+    "Resources": "waiting for nodes to free up",
+    "Dependency": "waiting for the job it depends on",
+    "JobHeldUser": "held (scontrol release JOBID starts it)",
+    "JobHeldAdmin": "held by an administrator",
+    NODES_GONE: "a node it needs is down, drained or reserved",
+}
+
+
+def reason_code(state: JobState) -> str:
+    """Slurm's reason without its detail ("ReqNodeNotAvail, UnavailableNodes:n2" -> the code)."""
+    return (state.reason or "").split(",")[0].strip()
+
+
+def explain_pending(state: JobState, pending_for: float = 0.0) -> tuple[str, bool] | None:
+    """(why the job waits, in words; whether it can never start) for a pending job, or None."""
+    if state.state != "PENDING":
+        return None
+    code = reason_code(state)
+    if code == "BeginTime" and state.restarts:
+        when = f" until {state.start_time}" if state.start_time not in (None, "", "Unknown") else ""
+        return (f"requeued (attempt {state.restarts + 1}); Slurm holds a requeued job{when} "
+                "before it starts again (its requeue delay)", False)
+    if code == "BeginTime":
+        return f"starts at its begin time{f' ({state.start_time})' if state.start_time else ''}", False
+    if code in NEVER_STARTS:
+        return f"{code}: {NEVER_STARTS[code]}", True
+    if code == NODES_GONE:
+        return (f"{state.reason}: {EXPLAINED[code]}",
+                not state.restarts and pending_for >= NODES_GONE_SECONDS)
+    if code in EXPLAINED:
+        return f"{code}: {EXPLAINED[code]}", False
+    return (code, False) if code and code != "None" else None
+
+
+class NeverStarts(UserError):
+    """A job pends for a reason it cannot leave (exit 2: its input asks for the impossible)."""
+
+
 # Waiting asks Slurm rarely and the run directory often: Slurm every POLL_FIRST seconds at
 # first, backing off to POLL_MAX; the run directory (a stat, no load on the controller) every
 # second, and a change there (results written, a rank failed) asks Slurm again at once.
@@ -242,6 +313,7 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
     deadline = None if timeout is None else time.monotonic() + timeout
     directory = Path(run_dir) if run_dir else None
     last, interval = None, POLL_FIRST
+    reason, reason_since = None, time.monotonic()
     while True:
         state = query(job_id)
         if state.state != last and on_change:
@@ -251,6 +323,12 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
         last = state.state
         if state.finished:
             return state
+        if (state.state, state.reason) != reason:
+            reason, reason_since = (state.state, state.reason), time.monotonic()
+        why = explain_pending(state, time.monotonic() - reason_since)
+        if why and why[1]:
+            raise NeverStarts(f"job {job_id} can never start: {why[0]}. It is still queued; "
+                              f"`hpcsuite cancel {job_id}` removes it")
         if deadline is not None and time.monotonic() > deadline:
             raise UserError(f"job {job_id} still {state.state} after {timeout:g}s")
         mark, until = _run_dir_mark(directory), time.monotonic() + interval

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from .records import Record, record
-from .errors import UserError, close_match
+from .errors import UserError, close_match, count
 from .profile import SiteProfile
 from .spec import JobSpec
 
@@ -102,7 +102,7 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
     r = job.resources
     if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
         out.append(Finding("warning", "resources.tasks_per_node",
-                           f"{r.tasks_per_node} ranks per node but {r.gpus_per_node} GPUs per node; "
+                           f"{count(r.tasks_per_node, 'rank')} per node but {count(r.gpus_per_node, 'GPU')} per node; "
                            "Horovod expects one rank per GPU"))
     if walltime_seconds(r.time) == 0 and not profile.allow_unlimited_time:
         out.append(Finding("error", "resources.time",
@@ -145,7 +145,7 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                                    f"node, but partition {r.partition!r} has {part.cpus_per_node}"))
             if r.gpus_per_node > part.gpus_per_node:
                 out.append(Finding("error", "resources.gpus_per_node",
-                                   f"{r.gpus_per_node} GPUs per node, but partition {r.partition!r} "
+                                   f"{count(r.gpus_per_node, 'GPU')} per node, but partition {r.partition!r} "
                                    f"has {part.gpus_per_node}"))
             if part.max_time and walltime_seconds(r.time) > walltime_seconds(part.max_time):
                 out.append(Finding("error", "resources.time",
@@ -157,9 +157,8 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
 def enforce(findings: list[Finding], source: str) -> list[Finding]:
     """Raise on errors (all of them, one line each); return the warnings."""
     errors = [f for f in findings if f.level == "error"]
-    if errors:
-        lines = [f"{source}: {f.key}: {f.message}" for f in errors]
-        raise UserError("\n".join(lines) if len(lines) > 1 else lines[0])
+    if errors:       # one line each, every one reading `error: FILE: key: ...`
+        raise UserError("\nerror: ".join(f"{source}: {f.key}: {f.message}" for f in errors))
     return [f for f in findings if f.level == "warning"]
 
 
@@ -178,3 +177,84 @@ def validate_templates(path, names: list[str], specs: list[Path], profile_path: 
             except UserError as e:
                 problems.append(f"{e} (rendering {spec.name})")
     return problems
+
+
+def cluster_findings(job: JobSpec, part, names: list[str] | None = None) -> list[Finding]:
+    """What Slurm's partition (a :class:`~hpcsuite.slurm.Partition`, or None when Slurm has no
+    such partition) can never give this job: more nodes than it has or lets one job take, more
+    CPUs or GPUs per node than its nodes have. Such a job would pend forever."""
+    r = job.resources
+    if part is None:
+        where = repr(r.partition) if r.partition else "(the default partition)"
+        return [Finding("error", "resources.partition",
+                        f"Slurm has no partition {where}" +
+                        (f"{close_match(r.partition, names)}; partitions: {', '.join(names)}"
+                         if names and r.partition else ""))]
+    out = []
+    cpus = r.tasks_per_node * r.cpus_per_task
+    fits = [n for n in part.nodes if n[0] >= cpus and n[1] >= r.gpus_per_node]
+    most_cpus = max((n[0] for n in part.nodes), default=0)
+    most_gpus = max((n[1] for n in part.nodes), default=0)
+    if cpus > most_cpus:
+        key = "resources.cpus_per_task" if r.cpus_per_task > 1 else "resources.tasks_per_node"
+        out.append(Finding("error", key,
+                           f"{r.tasks_per_node} ranks x {r.cpus_per_task} CPUs = {cpus} CPUs per "
+                           f"node, but the nodes of partition {part.name!r} have at most "
+                           f"{most_cpus}"))
+    if r.gpus_per_node > most_gpus:
+        out.append(Finding("error", "resources.gpus_per_node",
+                           f"{count(r.gpus_per_node, 'GPU')} per node, but the nodes of partition "
+                           f"{part.name!r} have at most {most_gpus}"))
+    if out:
+        return out
+    if part.max_nodes is not None and r.nodes > part.max_nodes:
+        out.append(Finding("error", "resources.nodes",
+                           f"{count(r.nodes, 'node')}, but partition {part.name!r} lets one job have at "
+                           f"most {part.max_nodes} (MaxNodes)"))
+    elif r.nodes > len(fits):
+        shape = f" with {cpus} CPUs" + (f" and {r.gpus_per_node} GPUs" if r.gpus_per_node else "")
+        out.append(Finding("error", "resources.nodes",
+                           f"{count(r.nodes, 'node')}, but partition {part.name!r} has "
+                           f"{len(fits)} node{'s' if len(fits) != 1 else ''}{shape if len(fits) < len(part.nodes) else ''}"))
+    return out
+
+
+def slurm_findings(job: JobSpec) -> list[Finding]:
+    """:func:`cluster_findings` against the Slurm that ``SLURM_CONF`` points to (two quick
+    scontrol/sinfo calls); a Slurm that does not answer is a UserError."""
+    from . import slurm
+
+    part = slurm.partition(job.resources.partition)
+    return cluster_findings(job, part, slurm.partition_names() if part is None else None)
+
+
+BUILD_TIMEOUT = 600.0
+
+
+def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
+    """What a rank would find at its start (data, model, loss: :mod:`.runtime.preflight`),
+    found now in one local process; it imports the job's framework, never this one."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hpcsuite-build-") as tmp:
+        path = Path(tmp) / "job.json"
+        path.write_text(json.dumps(job.to_dict()))
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", HPCSUITE_RUN_DIR=tmp)
+        try:
+            done = subprocess.run([sys.executable, "-m", "hpcsuite.runtime.preflight", str(path)],
+                                  cwd=base or Path.cwd(), env=env, capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return [Finding("error", "train.model", f"--build: building the model and data took "
+                                                    f"over {BUILD_TIMEOUT:g}s")]
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith('{"findings"'):
+            return [Finding("error", key, message) for key, message in json.loads(line)["findings"]]
+    detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return [Finding("error", "train.backend", f"--build: the check itself failed (exit "
+                                              f"{done.returncode}): {detail}")]

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import count
+
 RESULTS = "results.json"
 
 
@@ -290,7 +292,7 @@ def summarize(run_dir: str | Path) -> str:
     resumed = f", resumed at step {r.start_step}" if r.resumed_from else ""
     median = r.step_time_s.get("median", 0.0) * 1e3
     lines = [
-        f"job {r.job_id} ({r.job}): {r.status} at step {r.final_step}{resumed}; {r.world_size} ranks "
+        f"job {r.job_id} ({r.job}): {r.status} at step {r.final_step}{resumed}; {count(r.world_size, 'rank')} "
         f"on {', '.join(r.hosts) or '?'}, backend {r.backend}" + (", script mode" if r.mode == "script" else ""),
         f"  samples/s {r.samples_per_s:.1f} overall, {r.samples_per_s_steady:.1f} after warm-up; "
         f"step time median {median:.2f} ms",
@@ -331,7 +333,7 @@ def describe_attempts(attempts: list[dict]) -> str:
         first = a.get("first_step", (a.get("start_step") or 0) + 1)
         rate = a.get("samples_per_s")
         parts.append(f"{a.get('attempt')}: {a.get('status')} at step {a.get('final_step')} "
-                     f"(steps {first}-{a.get('final_step')}, {a.get('world_size')} ranks"
+                     f"(steps {first}-{a.get('final_step')}, {count(a.get('world_size'), 'rank')}"
                      + (f", {rate:.1f} samples/s" if isinstance(rate, (int, float)) else "") + ")")
     return "; ".join(parts)
 

@@ -23,6 +23,8 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 60.0
+CLIENTS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "sacctmgr",
+                     "srun", "salloc", "sstat"})
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,11 @@ def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, st
          cwd: str | None = None, check: bool = True) -> Completed:
     """Run ``argv`` and capture its output; a missing program or a timeout is a UserError."""
     log.debug("run %s", argv)
+    conf = (env if env is not None else os.environ).get("SLURM_CONF")
+    if conf and argv and argv[0] in CLIENTS and not os.path.isfile(conf):
+        # Slurm's commands retry a missing slurm.conf for a minute before they give up.
+        raise UserError(f"SLURM_CONF={conf}: no such file (set SLURM_CONF to the cluster's "
+                        "slurm.conf; for hpcsuite's local cluster: eval \"$(hpcsuite cluster env)\")")
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env=env if env is not None else slurm_env(), cwd=cwd,
@@ -129,3 +136,62 @@ def parse_sinfo_nodes(stdout: str) -> dict[str, str]:
         if len(parts) == 2:
             nodes[parts[0]] = parts[1].rstrip("*~#!%$@^-").lower()
     return nodes
+
+
+@dataclass(frozen=True)
+class Partition:
+    """What Slurm says a partition can give one job (``scontrol show partition`` and
+    ``sinfo``): its nodes, the per-job node limit, and each node's CPUs and GPUs."""
+    name: str
+    default: bool
+    max_nodes: int | None               # MaxNodes per job; None: UNLIMITED
+    nodes: tuple[tuple[int, int], ...]  # (CPUs, GPUs) of each node
+
+
+def parse_partitions(stdout: str) -> dict[str, dict[str, str]]:
+    """``scontrol show partition -o``: one record per line → {name: fields}."""
+    out = {}
+    for line in stdout.splitlines():
+        rec = parse_scontrol_record(line)
+        if rec.get("PartitionName"):
+            out[rec["PartitionName"]] = rec
+    return out
+
+
+def parse_sinfo_shapes(stdout: str) -> list[tuple[int, int]]:
+    """``sinfo -h -N -p P -o '%N|%c|%G'`` (one line per node) → [(CPUs, GPUs)] per node;
+    GPUs counted from gres ``gpu[:type]:N[(S:...)]`` entries."""
+    shapes = []
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        gpus = 0
+        for gres in parts[2].split(","):
+            fields = gres.split("(")[0].split(":")
+            if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+                gpus += int(fields[-1])
+        shapes.append((int(parts[1]), gpus))
+    return shapes
+
+
+def partition(name: str | None) -> Partition | None:
+    """The named partition (None: the cluster's default) as Slurm describes it now; None when
+    Slurm has no such partition. A Slurm that does not answer is a UserError."""
+    done = call(["scontrol", "show", "partition", "-o"], timeout=30)
+    records = parse_partitions(done.stdout)
+    if name is None:
+        name = next((n for n, r in records.items() if r.get("Default") == "YES"), None)
+    rec = records.get(name or "")
+    if rec is None:
+        return None
+    nodes = call(["sinfo", "-h", "-N", "-p", name, "-o", "%N|%c|%G"], timeout=30)
+    limit = rec.get("MaxNodes", "UNLIMITED")
+    return Partition(name, rec.get("Default") == "YES",
+                     int(limit) if limit.isdigit() else None,
+                     tuple(parse_sinfo_shapes(nodes.stdout)))
+
+
+def partition_names() -> list[str]:
+    return sorted(parse_partitions(call(["scontrol", "show", "partition", "-o"],
+                                        timeout=30).stdout))

@@ -58,10 +58,26 @@ def test_dry_run_does_not_call_sbatch(monkeypatch):
     assert result.exit_code == 0 and "# sbatch --parsable <script>" in result.output
 
 
+PARTITIONS = ("PartitionName=debug AllowGroups=ALL Default=YES MaxNodes=UNLIMITED "
+              "Nodes=node[1-2] TotalCPUs=8 TotalNodes=2\n")
+NODES = "node1|4|(null)\nnode2|4|(null)\n"
+
+
+def partition_answer(argv):
+    """What scontrol/sinfo say of a 2-node partition `debug` (4 CPUs a node), or None."""
+    if argv[0] == "scontrol" and argv[1:3] == ["show", "partition"]:
+        return slurm.Completed(argv, 0, PARTITIONS, "")
+    if argv[0] == "sinfo":
+        return slurm.Completed(argv, 0, NODES, "")
+    return None
+
+
 def test_submit_records_run_directory(tmp_path, monkeypatch):
     calls = []
 
     def fake_call(argv, **kw):
+        if partition_answer(argv):
+            return partition_answer(argv)
         calls.append((argv, kw))
         return slurm.Completed(argv, 0, "4242\n", "")
 
@@ -82,6 +98,8 @@ def test_submit_records_run_directory(tmp_path, monkeypatch):
 def test_sbatch_failure_is_exit_2_and_leaves_nothing(tmp_path, monkeypatch):
     def fake_call(argv, **kw):
         from hpcsuite.errors import UserError
+        if partition_answer(argv):
+            return partition_answer(argv)
         raise UserError("sbatch failed (exit 1): sbatch: error: invalid partition specified: debug")
 
     monkeypatch.setattr(slurm, "call", fake_call)
@@ -122,3 +140,38 @@ def test_completion_scripts_and_template_name_completion(tmp_path):
                COMP_CWORD="3")
     out = subprocess.run([sys.executable, "-m", "hpcsuite"], env=env, capture_output=True, text=True)
     assert "plain,horovod" in out.stdout
+
+
+def test_submit_refuses_what_the_partition_can_never_give(tmp_path, monkeypatch):
+    sbatch = []
+
+    def fake_call(argv, **kw):
+        if partition_answer(argv):
+            return partition_answer(argv)
+        sbatch.append(argv)
+        return slurm.Completed(argv, 0, "1\n", "")
+
+    monkeypatch.setattr(slurm, "call", fake_call)
+    monkeypatch.chdir(tmp_path)
+    for setting, key in [("resources.nodes=3", "resources.nodes: 3 nodes, but partition 'debug' has 2"),
+                         ("resources.tasks_per_node=5", "resources.tasks_per_node: 5 ranks x 1 CPUs"),
+                         ("resources.gpus_per_node=1", "resources.gpus_per_node: 1 GPU per node")]:
+        result = invoke("submit", QUICK, "--profile", PROFILE, "--set", setting)
+        assert result.exit_code == 2, result.output
+        assert f"error: {QUICK}: {key}" in result.output
+        assert len([l for l in result.output.splitlines() if l.startswith("error:")]) == 1
+    assert not sbatch                                        # nothing reached sbatch
+    assert invoke("submit", QUICK, "--profile", PROFILE, "--dry-run",
+                  "--set", "resources.nodes=3").exit_code == 0   # a dry run asks no Slurm
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`hpcsuite ... | head`: the reader left; no `error: Broken pipe`, no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "hpcsuite", "templates", "show", "horovod"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                         # before it writes a byte
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err

@@ -92,7 +92,7 @@ def test_yaml_1_1_number_spellings_read_as_meant(work):
     assert result.exit_code == 0, result.output
     import json
 
-    script = json.loads(result.output)["script"]
+    script = json.loads(result.stdout)["script"]
     assert '"lr": 0.001' in script and '"samples": 10000' in script
     assert "export A=4\n" in script and "export B=1e-3\n" in script and "export C=0.50\n" in script
     assert "#SBATCH --mem=4096\n" in script

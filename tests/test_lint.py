@@ -58,7 +58,7 @@ def test_render_stops_on_lint_error_and_prints_warnings(tmp_path):
     assert "resources.tasks_per_node: 128 ranks x 1 CPUs = 128 CPUs per node" in result.output
     spec.write_text("name: x\nresources: {partition: gpu, gpus_per_node: 4, tasks_per_node: 2}\n")
     result = CliRunner().invoke(main, ["render", str(spec), "--profile", profile])
-    assert result.exit_code == 0 and "warning: resources.tasks_per_node" in result.output
+    assert result.exit_code == 0 and f"warning: {spec}: resources.tasks_per_node" in result.output
 
 
 def test_lint_command(tmp_path):
@@ -92,3 +92,30 @@ def test_requeue_needs_checkpoints_and_lead_must_fit():
     f = train_findings({"checkpoint": {"every_steps": 5},
                         "preemption": {"lead_seconds": 600}}, time="00:05:00")
     assert ("error", "train.preemption.lead_seconds") in f
+
+
+def test_what_a_partition_can_never_give_is_named_by_key():
+    from hpcsuite import slurm
+    from hpcsuite.lint import cluster_findings
+    from hpcsuite.spec import spec_from_dict
+
+    assert slurm.parse_sinfo_shapes("a|64|gpu:a100:4(S:0-1)\nb|32|gpu:2,tmpfs:1\nc|16|(null)\n"
+                                    "junk\n") == [(64, 4), (32, 2), (16, 0)]
+    recs = slurm.parse_partitions("PartitionName=gpu Default=NO MaxNodes=2 Nodes=a,b\n"
+                                  "PartitionName=cpu Default=YES MaxNodes=UNLIMITED Nodes=c\n")
+    assert recs["gpu"]["MaxNodes"] == "2" and recs["cpu"]["Default"] == "YES"
+    part = slurm.Partition("gpu", False, 2, ((64, 4), (32, 2), (16, 0)))
+
+    def keys(**resources):
+        job = spec_from_dict({"name": "x", "resources": {"partition": "gpu", **resources}}, "x.yaml")
+        return [(f.key, f.message) for f in cluster_findings(job, part)]
+
+    assert keys(nodes=2, gpus_per_node=2, tasks_per_node=2) == []
+    assert keys(nodes=3)[0][0] == "resources.nodes" and "MaxNodes" in keys(nodes=3)[0][1]
+    assert keys(nodes=2, gpus_per_node=4, tasks_per_node=4) == [
+        ("resources.nodes", "2 nodes, but partition 'gpu' has 1 node with 4 CPUs and 4 GPUs")]
+    assert keys(gpus_per_node=8, tasks_per_node=8)[0][0] == "resources.gpus_per_node"
+    assert keys(tasks_per_node=1, cpus_per_task=65)[0][0] == "resources.cpus_per_task"
+    job = spec_from_dict({"name": "x", "resources": {"partition": "gpux"}}, "x.yaml")
+    (f,) = cluster_findings(job, None, ["cpu", "gpu"])
+    assert f.key == "resources.partition" and 'did you mean "gpu"' in f.message

@@ -101,7 +101,33 @@ def test_progress_line():
                                  "samples_per_s": 3456.7, "loss": 0.43219, "attempt": 1})
     assert line == "RUNNING 0:42 step 120/400 epoch 1 3457 samples/s loss 0.4322 attempt 1"
     pending = jobs.JobState("5", "PENDING", "", None, None, "Resources", "0:00")
-    assert progress_line(pending, None) == "PENDING 0:00 (Resources)"
+    assert progress_line(pending, None) == "PENDING 0:00 (Resources: waiting for nodes to free up)"
+
+
+def test_pending_reasons_explained_and_the_hopeless_ones_end_the_wait(monkeypatch):
+    from hpcsuite.cli.commands import progress_line
+
+    def pending(reason, restarts=None, start="2026-11-25T10:00:00"):
+        return jobs.JobState("7", "PENDING", "", None, None, reason, "0:00", restarts,
+                             start_time=start)
+
+    why, never = jobs.explain_pending(pending("PartitionNodeLimit"))
+    assert never and "more nodes than its partition" in why
+    why, never = jobs.explain_pending(pending("BeginTime", restarts=1))
+    assert not never and "requeued (attempt 2)" in why and "10:00:00" in why
+    assert "requeue delay" in progress_line(pending("BeginTime", restarts=1), None)
+    gone = pending("ReqNodeNotAvail, UnavailableNodes:node2")
+    assert jobs.explain_pending(gone, 5.0)[1] is False             # a node may come back
+    assert jobs.explain_pending(gone, jobs.NODES_GONE_SECONDS)[1] is True
+    assert jobs.explain_pending(pending("ReqNodeNotAvail", restarts=1), 1e6)[1] is False
+    assert jobs.explain_pending(jobs.JobState("7", "RUNNING", "", None, None, "None")) is None
+
+    states = iter([pending("Priority"), pending("PartitionConfig")])
+    monkeypatch.setattr(jobs, "query", lambda job_id: next(states))
+    monkeypatch.setattr(jobs, "POLL_FIRST", 0.01)
+    with pytest.raises(jobs.NeverStarts, match="job 7 can never start: PartitionConfig: .*"
+                                               "hpcsuite cancel 7"):
+        jobs.wait("7")
 
 
 def test_progress_file_round_trip(tmp_path):

@@ -65,7 +65,7 @@ def test_a_requeued_job_is_reported_from_its_first_step(tmp_path):
     assert "loss 4.0000 at step 1 -> 0.5000 at step 7, over 2 attempts (began: attempt 1 at " \
            "step 5)" in text, text
     assert "attempts: 0: preempted at step 4 (steps 1-4, 2 ranks, 150.0 samples/s); 1: " \
-           "completed at step 7 (steps 5-7, 1 ranks, 100.0 samples/s)" in text, text
+           "completed at step 7 (steps 5-7, 1 rank, 100.0 samples/s)" in text, text
     assert describe_run(r) == ("loss 4.0000 at step 1 -> 0.5000 at step 7, over 2 attempts "
                                "(began: attempt 1 at step 5); samples/s by attempt 0: 150.0, "
                                "1: 100.0")

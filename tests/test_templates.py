@@ -103,4 +103,4 @@ def test_template_dir_option_wins(site, tmp_path):
     mine.mkdir()
     (mine / "horovod.sbatch.j2").write_text("#!/bin/bash\necho {{ job.name }}\n")
     (site / "templates" / "horovod.sbatch.j2").write_text(EXTENDS)
-    assert invoke("render", QUICK, "--template-dir", str(mine)).output == "#!/bin/bash\necho quickstart\n"
+    assert invoke("render", QUICK, "--template-dir", str(mine)).stdout == "#!/bin/bash\necho quickstart\n"

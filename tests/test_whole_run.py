@@ -96,7 +96,7 @@ def test_a_preempted_and_requeued_job_reports_the_loss_from_step_one(local_clust
     text = summarize(run_dir)                              # what `submit --wait` prints
     assert f"loss 10.0000 at step 1 -> {10.0 / total:.4f} at step {total}, over 2 attempts " \
            f"(began: attempt 1 at step {cut + 1})" in text, text
-    assert f"attempts: 0: preempted at step {cut} (steps 1-{cut}, 1 ranks, " in text, text
+    assert f"attempts: 0: preempted at step {cut} (steps 1-{cut}, 1 rank, " in text, text
     assert describe_run(r).startswith("loss 10.0000 at step 1 ")
 
     status = json.loads(run_cli("status", job_id, "--json", cwd=tmp_path, env=env,

@@ -32,6 +32,14 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:
+            # The reader went away (`hpcsuite runs | head`): stop quietly, as cat does, and
+            # point stdout at /dev/null so the interpreter's last flush cannot complain.
+            import os
+            import sys
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(141)   # 128 + SIGPIPE, what a tool killed by the closed pipe returns
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except OSError as e:
@@ -77,6 +85,14 @@ class FilePath(click.Path):
         if isinstance(value, str) and ("\0" in value or len(value) > 4096):
             self.fail("not a usable file name (NUL character or longer than 4096)", param, ctx)
         return super().convert(value, param, ctx)
+
+
+def note_no_site(resolved, spec: str) -> None:
+    """Say once when no site profile is in force: the site's rules are then not checked."""
+    if not any(layer.name == "site" for layer in resolved.layers):
+        click.echo(f"note: {spec}: no site profile in force (--profile, HPCSUITE_PROFILE, "
+                   "$HPCSUITE_SITE_DIR/profile.yaml, /etc/hpcsuite/profile.yaml); only "
+                   "hpcsuite's own checks apply", err=True)
 
 
 def emit_json(data: object) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from . import FilePath, emit_json, main, profile_option, set_option
-from ..errors import JobFailed, UserError
+from ..errors import JobFailed, UserError, count
 
 
 @main.group()
@@ -157,7 +157,7 @@ def _table(report: dict, job_id: str, run_dir: str) -> str:
     from ..runtime.allreduce_bench import CSV, format_size
 
     hosts = ", ".join(dict.fromkeys(report["hosts"]))
-    lines = [f"allreduce on {report['world_size']} ranks ({hosts}), job {job_id}; "
+    lines = [f"allreduce on {count(report['world_size'], 'rank')} ({hosts}), job {job_id}; "
              f"busbw = S/t * 2(N-1)/N"]
     head = ("size", "Horovod time", "Horovod busbw", "MPI time", "MPI busbw", "Horovod/MPI")
     rows = [head] + [(format_size(p["bytes"]), _seconds(p["horovod_s"]), _rate(p["horovod_busbw"]),

@@ -7,24 +7,33 @@ from pathlib import Path
 
 import click
 
-from . import FilePath, emit_json, main, profile_option, set_option, template_dir_option
+from . import (FilePath, emit_json, main, note_no_site, profile_option, set_option,
+               template_dir_option)
 from ..errors import JobFailed, JobInputFailed, JobPreempted, UserError
 
 spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
-def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()):
+
+
+def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=(),
+          against_slurm: bool = False):
+    """Resolve, lint (against Slurm's partitions too when submitting) and plan SPEC."""
     from ..config import resolve
     from ..plan import plan
     from ..templating import SearchPath
 
-    from ..lint import enforce, lint
+    from ..lint import enforce, lint, slurm_findings
 
     r = resolve(spec, profile_path, sets)
-    for warning in enforce(lint(r.job, r.profile), spec):
-        click.echo(f"{spec}: {warning}", err=True)
+    findings = lint(r.job, r.profile)
+    if against_slurm and not any(f.level == "error" for f in findings):
+        findings += slurm_findings(r.job)
+    for warning in enforce(findings, spec):
+        click.echo(f"warning: {spec}: {warning.key}: {warning.message}", err=True)
     import dataclasses
 
     site_only = "template" in r.locks
     request = plan(r.job, r.profile, SearchPath.default(template_dir, site_only=site_only), r.locks)
+    note_no_site(r, spec)          # once, and only beside a success: an error stays one line
     return dataclasses.replace(request, spec=str(Path(spec).resolve()))
 
 
@@ -72,7 +81,7 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
 
     if hold and wait:
         raise click.UsageError("--hold and --wait: a held job would be waited for forever")
-    request = _plan(spec, profile_path, template_dir, sets)
+    request = _plan(spec, profile_path, template_dir, sets, against_slurm=not dry_run)
     if hold:
         request = dataclasses.replace(request, sbatch_argv=[*request.sbatch_argv, "--hold"])
     if dry_run:
@@ -98,13 +107,16 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
 
 
 def progress_line(state, progress: dict | None) -> str:
-    """One line: state, elapsed, and the job's latest step, epoch, throughput and loss."""
+    """One line: state, elapsed (why it waits, when pending), and the job's latest step,
+    epoch, throughput and loss."""
+    from ..jobs import explain_pending
+
     parts = [state.state]
     if state.elapsed:
         parts.append(state.elapsed)
-    if state.reason and state.reason not in ("None", "") and not state.finished \
-            and state.state != "RUNNING":
-        parts.append(f"({state.reason})")
+    why = explain_pending(state)
+    if why:
+        parts.append(f"({why[0]})")
     if progress:
         step, total = progress.get("step"), progress.get("max_steps")
         parts.append(f"step {step}" + (f"/{total}" if total else ""))
@@ -215,8 +227,15 @@ def status(run, as_json):
     from .. import attempts, jobs
     from ..results import RESULTS, Results, read_progress
 
+    from .. import registry
+
     job_id, entry = _find_run(run)
     state = jobs.query(job_id)
+    if entry is None and state.workdir:     # a job id from elsewhere: where it was submitted
+        try:
+            entry = registry.find(state.workdir, job_id)
+        except (UserError, OSError):
+            entry = None                    # not ours to read: Slurm's view alone
     run_dir = _run_dir_of(entry)
     progress = read_progress(run_dir) if run_dir else None
     results = None
@@ -231,7 +250,7 @@ def status(run, as_json):
             payload["results"] = {"status": results.status, "final_step": results.final_step,
                                   "samples_per_s": results.samples_per_s,
                                   "attempt": results.attempt, "stop": results.stop,
-                                  "attempts": results.attempts}
+                                  "attempts": results.attempts, "history": results.history}
         c = attempts.counts(records)
         payload["attempts"] = {"records": records, "count": c.attempts, "completed": c.completed,
                                "preempted": c.preempted, "failed": c.failed}
@@ -250,6 +269,9 @@ def status(run, as_json):
         if results.stop:
             from ..results import describe_stop
             click.echo(f"  stopped: {describe_stop(results)}")
+        if len(results.attempts or []) > 1:
+            from ..results import describe_run
+            click.echo(f"  whole run: {describe_run(results)}")
     if records:
         click.echo(f"  attempts: {attempts.counts(records).describe()}; last: "
                    f"{_describe_record(records[-1])}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import FilePath, main, profile_option, set_option, template_dir_option
+from . import FilePath, main, note_no_site, profile_option, set_option, template_dir_option
 from ..errors import UserError
 
 
@@ -111,16 +111,38 @@ def validate(directory, profile_path):
 @click.argument("spec", type=FilePath(dir_okay=False))
 @profile_option
 @set_option
-def lint(spec, profile_path, sets):
-    """Check SPEC against the site profile; exit 2 on errors (render and submit do this too)."""
+@click.option("--slurm/--no-slurm", "against_slurm", default=None,
+              help="Check the job against the partitions of the Slurm that SLURM_CONF points to "
+                   "(nodes, CPUs and GPUs per node). Default: when Slurm answers.")
+@click.option("--build", is_flag=True,
+              help="Also open the job's data and build its model here, in one process, as a "
+                   "rank does when it starts: a data factory's return, the model's backend and "
+                   "its output shape against the data, the loss. Imports torch/TensorFlow "
+                   "(seconds); nothing else here does.")
+def lint(spec, profile_path, sets, against_slurm, build):
+    """Check SPEC against the site profile (and Slurm); exit 2 on errors.
+
+    Every finding is one line, `error: SPEC: key: ...` or `warning: SPEC: key: ...` (render and
+    submit run the same checks; submit also asks Slurm)."""
     from ..config import resolve
-    from ..lint import lint as run_lint
+    from ..lint import build_findings, lint as run_lint, slurm_findings
 
     r = resolve(spec, profile_path, sets)
     findings = run_lint(r.job, r.profile)
+    if against_slurm is not False:
+        try:
+            findings += slurm_findings(r.job)
+        except UserError as e:
+            if against_slurm:
+                raise
+            click.echo(f"note: {spec}: not checked against Slurm ({e})", err=True)
+    if build and not any(f.level == "error" for f in findings):
+        findings += build_findings(r.job)
     for f in findings:
-        click.echo(f"{spec}: {f}", err=f.level == "error")
+        click.echo(f"{f.level}: {spec}: {f.key}: {f.message}", err=True)
     if any(f.level == "error" for f in findings):
-        raise UserError(f"{spec}: {sum(f.level == 'error' for f in findings)} error(s)")
+        raise click.exceptions.Exit(UserError.exit_code)
+    note_no_site(r, spec)          # once, and only beside a success: errors stay one line each
     if not findings:
-        click.echo(f"{spec}: ok")
+        click.echo(f"{spec}: ok" + (" (data, model and loss built)" if build else ""))
+
