@@ -21,40 +21,33 @@ The study directory is the bundle::
     runs/                  the jobs' run directories (results.json, logs)
 
 Every point runs from ``inputs/``, so a study is re-run from its bundle alone
-(:func:`rerun`) and two bundles are compared input by input (:mod:`hpcsuite.study_report`).
+(:func:`rerun`) and two bundles are compared input by input (:mod:`hpcsuite.study_compare`).
+The bundle's files and their sha256 are :mod:`hpcsuite.study_bundle`'s, following the points
+in Slurm :mod:`hpcsuite.study_run`'s, the versions :mod:`hpcsuite.study_env`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import itertools
 import json
 import os
 import shutil
-import time
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from . import registry
 from .errors import ConfigError, UserError, show
 from .records import Record, record
 from .schema import build, read_yaml
 from .spec import PATH, PATH_HELP, JobSpec
+from .study_bundle import (BUNDLE_FILE, POINTS_FILE, STATE_FILE, STUDY_FILE, copy_inputs,
+                           external_inputs, file_sha256, verify_bundle, write_environment,
+                           write_manifest)
 
-STUDY_FILE = "study.yaml"
-POINTS_FILE = "points.json"
-STATE_FILE = "state.json"
-BUNDLE_FILE = "bundle.json"
-MANIFEST = "inputs.sha256"
-ENVIRONMENT = "environment.json"
 MAX_ATTEMPTS = 3
-# A bundle copies the base spec's directory; these never belong in it.
-SKIPPED_DIRS = {"runs", "studies", "__pycache__", "node_modules"}
-MAX_BUNDLE_FILES = 2000
-MAX_BUNDLE_BYTES = 512 << 20
 
 # Axis names a study may sweep, and the job key each sets.
 AXES = {
@@ -193,113 +186,6 @@ def point_sets(study: Study, base: JobSpec, point: Point, output_dir: str) -> li
     return [f"{k}={json.dumps(v)}" for k, v in values.items()]
 
 
-# ---------------------------------------------------------------------- the bundle
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def copy_inputs(src: Path, dest: Path, exclude: Path | None = None) -> int:
-    """Copy the base spec's directory into the bundle (hidden entries, run and study
-    directories left out); the number of files."""
-    count = size = 0
-    for root, dirs, files in os.walk(src):
-        here = Path(root)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS
-                         and not (exclude and (here / d).resolve() == exclude.resolve()))
-        for name in sorted(files):
-            path = here / name
-            if name.startswith(".") or path.is_symlink() or not path.is_file():
-                continue
-            count += 1
-            size += path.stat().st_size
-            if count > MAX_BUNDLE_FILES or size > MAX_BUNDLE_BYTES:
-                raise UserError(f"{src}: more than {MAX_BUNDLE_FILES} files or "
-                                f"{MAX_BUNDLE_BYTES >> 20} MiB; a study bundle copies the base "
-                                "spec's directory, so keep the base spec in a project directory "
-                                "of its own (large data can stay outside, by absolute path)")
-            target = dest / path.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-    return count
-
-
-def external_inputs(job: JobSpec) -> list[str]:
-    """Absolute paths the job reads that a bundle records by hash instead of copying."""
-    paths = [job.train.data.path] if job.train.data.path else []
-    if job.train.eval and job.train.eval.data and job.train.eval.data.path:
-        paths.append(job.train.eval.data.path)
-    for ref in (job.train.model, job.train.loss, job.train.data.factory, job.train.script):
-        if ref and (ref.endswith(".py") or ".py:" in ref):
-            paths.append(ref.split(":")[0] if ".py:" in ref else ref)
-    return sorted({p for p in paths if Path(p).is_absolute()})
-
-
-def write_manifest(study_dir: Path, external: dict[str, str]) -> None:
-    lines = []
-    for path in sorted(study_dir.rglob("*")):
-        rel = path.relative_to(study_dir)
-        # Hidden files and directories are bookkeeping, not inputs (the run registry that
-        # submitting from inputs/ leaves in inputs/.hpcsuite/, editors' swap files).
-        if not path.is_file() or rel.parts[0] in ("runs", "report") or rel.name in (
-                MANIFEST, STATE_FILE, "allreduce.yaml") or any(p.startswith(".") for p in rel.parts):
-            continue
-        lines.append(f"{_sha256(path)}  {rel}")
-    lines += [f"{digest}  {path}" for path, digest in sorted(external.items())]
-    (study_dir / MANIFEST).write_text("\n".join(lines) + "\n")
-
-
-def read_manifest(study_dir: Path) -> dict[str, str]:
-    path = study_dir / MANIFEST
-    if not path.is_file():
-        raise UserError(f"{study_dir}: not a study bundle (no {MANIFEST})")
-    out = {}
-    for line in path.read_text().splitlines():
-        digest, _, name = line.partition("  ")
-        if name:
-            out[name] = digest
-    return out
-
-
-def verify_bundle(study_dir: Path) -> None:
-    """Refuse a bundle whose inputs no longer match their recorded sha256."""
-    for name, digest in read_manifest(study_dir).items():
-        path = Path(name) if Path(name).is_absolute() else study_dir / name
-        if not path.is_file():
-            raise UserError(f"{study_dir}/{MANIFEST}: {name} is missing")
-        if _sha256(path) != digest:
-            raise UserError(f"{study_dir}/{MANIFEST}: {name} changed since the study was made "
-                            "(sha256 differs)")
-
-
-def write_environment(study_dir: Path, ask: bool = True) -> None:
-    """environment.json: the versions (:mod:`hpcsuite.study_env`). ``ask=False`` (a dry run)
-    takes the tools' answers from the installation's cache only; the ones it lacks are marked
-    pending and asked by the first real run (:func:`complete_environment`)."""
-    from .study_env import environment
-
-    (study_dir / ENVIRONMENT).write_text(json.dumps(environment(ask=ask), indent=2) + "\n")
-
-
-def complete_environment(sd: "StudyDir") -> None:
-    """Ask the tools a dry run left pending, and re-record the bundle's sha256."""
-    from .study_env import pending
-
-    path = sd.path / ENVIRONMENT
-    try:
-        recorded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        recorded = None
-    if isinstance(recorded, dict) and not pending(recorded):
-        return
-    write_environment(sd.path)
-    write_manifest(sd.path, sd.bundle().get("external", {}))
-
-
 # ---------------------------------------------------------------------- a study directory
 
 class StudyDir:
@@ -379,7 +265,7 @@ def allreduce_spec(name: str, output_dir: str, nodes: int, tasks_per_node: int,
     return spec
 
 
-def _point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, point: Point,
+def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, point: Point,
                    profile_path: str | None, from_bundle: bool):
     """Resolve, lint and render one point; (JobSpec, BatchRequest). Raises UserError.
 
@@ -424,7 +310,7 @@ def create(study_path: str, directory: str | None, profile_path: str | None,
     src = Path(study_path).resolve()
     sd = StudyDir(Path(directory) if directory else src.parent / study.output_dir / study.name)
     if sd.study_file.is_file():
-        if _sha256(sd.study_file) != _sha256(src):
+        if file_sha256(sd.study_file) != file_sha256(src):
             raise UserError(f"{sd.path}: holds a study made from a different {STUDY_FILE}; give "
                             "another --dir, or remove it")
         return sd
@@ -445,8 +331,9 @@ def create(study_path: str, directory: str | None, profile_path: str | None,
             _plan_points(staged, study, base_spec, profile_path, study_path)
         except UserError as e:   # name the user's files, not the bundle being made
             raise UserError(str(e).replace(str(tmp / "inputs"), str(base_src.parent))) from None
-        base_job = _base_job(base_spec, profile_path)
-        external = {p: _sha256(Path(p)) for p in external_inputs(base_job) if Path(p).is_file()}
+        base = base_job(base_spec, profile_path)
+        external = {p: file_sha256(Path(p)) for p in external_inputs(base)
+                    if Path(p).is_file()}
         (tmp / BUNDLE_FILE).write_text(json.dumps({
             "study": study.name, "base": base_src.name, "source": str(src),
             "external": external, "git": registry.git_state(base_src.parent),
@@ -463,7 +350,7 @@ def create(study_path: str, directory: str | None, profile_path: str | None,
     return sd
 
 
-def _base_job(base_spec: Path, profile_path: str | None) -> JobSpec:
+def base_job(base_spec: Path, profile_path: str | None) -> JobSpec:
     from .config import resolve
 
     return resolve(str(base_spec), profile_path, cwd=base_spec.parent).job
@@ -474,14 +361,14 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
     """Expand, resolve and render every point; all problems reported together, exit 2."""
     import yaml
 
-    base = _base_job(base_spec, profile_path)
+    base = base_job(base_spec, profile_path)
     if base.train.script and study.limit:
         study = dataclasses.replace(study, limit=False)   # the script does its own allreduce
     points = expand(study, base)
     problems = []
     for point in points:
         try:
-            job, request = _point_request(sd, study, base_spec, base, point, profile_path,
+            job, request = point_request(sd, study, base_spec, base, point, profile_path,
                                           from_bundle=False)
         except UserError as e:
             axes = ", ".join(f"{k}={v}" for k, v in point.axes.items())
@@ -499,120 +386,6 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
 
     write_json_atomic(sd.path / POINTS_FILE, {"mode": study.mode,
                                               "points": [p.to_json() for p in points]})
-
-
-# ---------------------------------------------------------------------- running
-
-@record
-class Progress(Record):
-    done: int
-    failed: int
-    running: int
-    waiting: int
-    total: int
-
-    def line(self) -> str:
-        return (f"{self.done}/{self.total} done, {self.running} in Slurm, {self.waiting} to "
-                f"submit" + (f", {self.failed} failed" if self.failed else ""))
-
-
-def point_done(sd: StudyDir, point: Point, entry: dict) -> bool:
-    job_id = entry.get("job_id")
-    if not job_id:
-        return False
-    name = "allreduce.json" if point.kind == "allreduce" else "results.json"
-    path = sd.run_dir(point, job_id) / name
-    if not path.is_file():
-        return False
-    if point.kind == "allreduce":
-        return True
-    try:
-        return json.loads(path.read_text()).get("status") == "completed"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def refresh(sd: StudyDir, state: dict) -> None:
-    """Bring each submitted point's entry up to date with Slurm."""
-    from . import jobs
-
-    points = {p.id: p for p in sd.points()}
-    open_ = {pid: e for pid, e in state.items()
-             if e.get("status") not in ("done", "failed") and e.get("job_id")}
-    # One Slurm query for every point in flight, however many there are.
-    known = jobs.query_many([e["job_id"] for e in open_.values()]) if open_ else {}
-    for pid, entry in open_.items():
-        point = points[pid]
-        slurm_state = known.get(entry["job_id"])
-        if slurm_state is not None:
-            entry["slurm"] = slurm_state.state
-            finished = slurm_state.finished
-        else:
-            entry["slurm"] = "UNKNOWN"
-            finished = True              # the controller forgot it: judge by what it left
-        if point_done(sd, point, entry):
-            entry["status"] = "done"
-        elif finished:
-            entry["status"] = "failed" if entry.get("attempts", 0) >= MAX_ATTEMPTS else "retry"
-
-
-def step(sd: StudyDir, profile_path: str | None, say: Callable[[str], None]) -> Progress:
-    """One pass: refresh, then submit what fits under max_in_flight. Saves the state."""
-    from .plan import submit
-
-    study = sd.study()
-    state = sd.state()
-    refresh(sd, state)
-    sd.save_state(state)
-    points = sd.points()
-    in_flight = sum(1 for e in state.values() if e.get("status") == "submitted")
-    base_spec = sd.workdir / sd.bundle()["base"]
-    base = None
-    for point in points:
-        entry = state.setdefault(point.id, {"attempts": 0})
-        if entry.get("status") in ("done", "failed", "submitted"):
-            continue
-        if in_flight >= study.max_in_flight:
-            break
-        if base is None:
-            base = _base_job(base_spec, profile_path)
-        _, request = _point_request(sd, study, base_spec, base, point, profile_path,
-                                    from_bundle=True)
-        done = submit(request)
-        entry.update(job_id=done.job_id, status="submitted", slurm="PENDING",
-                     attempts=entry.get("attempts", 0) + 1,
-                     submitted=dt.datetime.now().isoformat(timespec="seconds"))
-        state[point.id] = entry
-        sd.save_state(state)               # after each submission: an interrupt loses nothing
-        in_flight += 1
-        axes = ", ".join(f"{k}={v}" for k, v in point.axes.items())
-        say(f"submitted {point.id} ({point.kind}; {axes}) as job {done.job_id}")
-    return progress(points, state)
-
-
-def progress(points: list[Point], state: dict) -> Progress:
-    status = [state.get(p.id, {}).get("status") for p in points]
-    return Progress(done=status.count("done"), failed=status.count("failed"),
-                    running=status.count("submitted"),
-                    waiting=sum(1 for s in status if s in (None, "retry")), total=len(points))
-
-
-def run(sd: StudyDir, profile_path: str | None, wait: bool, timeout: float | None,
-        say: Callable[[str], None], poll: float = 2.0) -> Progress:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    complete_environment(sd)
-    last = None
-    while True:
-        now = step(sd, profile_path, say)
-        if now != last:
-            say(now.line())
-            last = now
-        if not wait or now.running == 0 and now.waiting == 0:
-            return now
-        if deadline is not None and time.monotonic() > deadline:
-            raise UserError(f"study {sd.path.name}: {now.line()} after {timeout:g}s; run "
-                            "`hpcsuite study run` again to go on")
-        time.sleep(poll)
 
 
 def rerun(bundle: Path, directory: Path | None) -> StudyDir:

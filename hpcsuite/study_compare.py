@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from .study import BUNDLE_FILE, ENVIRONMENT, StudyDir, read_manifest
+from .study import StudyDir
+from .study_bundle import BUNDLE_FILE, ENVIRONMENT, read_manifest
 from .study_env import failed, pending, summary
 from .study_env import warnings as warnings_of
 from .study_report import analyse, axes_label
@@ -24,11 +25,13 @@ def _flatten(tree, prefix=""):
 
 
 def _environment(sd: StudyDir) -> dict:
+    """The study's versions; an unreadable record is itself a version not recorded."""
     try:
         env = json.loads((sd.path / ENVIRONMENT).read_text())
     except (OSError, ValueError):
-        return {}
-    return env if isinstance(env, dict) else {}
+        env = None
+    return env if isinstance(env, dict) else {
+        "versions": {"error": f"{sd.path / ENVIRONMENT} is missing or unreadable"}}
 
 
 def compare_environments(env_a: dict, env_b: dict) -> tuple[list[dict], list[str]]:

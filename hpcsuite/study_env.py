@@ -189,7 +189,7 @@ PENDING = {"pending": "not cached for this installation when the study was made 
 
 
 def environment(ask: bool = True, cache: Path | None = None,
-                asker: Callable[[list[str], bool], dict] = ask_tools) -> dict:
+                asker: Callable[[list[str], bool], dict] | None = None) -> dict:
     """Everything a result depends on. The tools' answers come from the cache of this
     installation when it has them; the ones asked now are cached unless they failed. With
     ``ask=False`` the slow ones the cache lacks are left :data:`PENDING`."""
@@ -200,7 +200,7 @@ def environment(ask: bool = True, cache: Path | None = None,
     known.update({name: dict(PENDING) for name in TOOLS if name not in known
                   and name not in missing})
     if missing:
-        asked = asker(missing, record["horovod"] is not None)
+        asked = (asker or ask_tools)(missing, record["horovod"] is not None)
         known.update(asked)
         kept = {k: v for k, v in known.items() if answered(v)}
         if any(not failed(v) for v in asked.values()):

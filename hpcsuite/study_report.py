@@ -28,7 +28,9 @@ import statistics
 from pathlib import Path
 
 from .errors import UserError
-from .study import ENVIRONMENT, Point, StudyDir, point_done
+from .study import Point, StudyDir
+from .study_bundle import ENVIRONMENT
+from .study_run import point_done
 
 REPORT_DIR = "report"
 

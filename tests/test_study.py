@@ -6,6 +6,7 @@ import pytest
 
 from conftest import run_cli
 from hpcsuite import study as st
+from hpcsuite import study_bundle as sb
 from hpcsuite import study_report as sr
 from hpcsuite.alphabeta import AlphaBeta
 from hpcsuite.errors import UserError
@@ -109,10 +110,10 @@ def test_bundle_holds_inputs_with_their_sha256(isolated):
     assert not (sd.path / "inputs" / "studies").exists()     # the bundle is not copied into itself
     check = subprocess.run(["sha256sum", "-c", "--quiet", "inputs.sha256"], cwd=sd.path)
     assert check.returncode == 0
-    st.verify_bundle(sd.path)
+    sb.verify_bundle(sd.path)
     (sd.path / "inputs" / "model.py").write_text("changed\n")
     with pytest.raises(UserError, match="model.py changed"):
-        st.verify_bundle(sd.path)
+        sb.verify_bundle(sd.path)
     # the same directory from another study spec is refused
     path.write_text("name: s\nbase: job.yaml\naxes: {nodes: [1, 3]}\n")
     proc = run_cli("study", "run", str(path), "--dry-run", cwd=isolated)
@@ -189,8 +190,8 @@ def test_manifest_leaves_out_hidden_bookkeeping(tmp_path):
     (tmp_path / "inputs" / ".hpcsuite").mkdir(parents=True)
     (tmp_path / "inputs" / ".hpcsuite" / "runs.jsonl").write_text("{}\n")
     (tmp_path / "inputs" / "job.yaml").write_text("name: x\n")
-    st.write_manifest(tmp_path, {})
-    assert list(st.read_manifest(tmp_path)) == ["inputs/job.yaml"]
+    sb.write_manifest(tmp_path, {})
+    assert list(sb.read_manifest(tmp_path)) == ["inputs/job.yaml"]
 
 
 # ---------------------------------------------------------------------- a finished study, faked
@@ -450,3 +451,40 @@ def test_status_cli_without_slurm_falls_back_with_a_note(tmp_path):
     proc = run_cli("study", "status", str(sd.path), env=env)
     line = next(l for l in proc.stdout.splitlines() if l.startswith("p00-r0"))
     assert "RUNNING (state.json)" in line and "command not found" in proc.stderr
+
+
+def test_the_first_real_run_asks_what_a_dry_run_left_pending(isolated, monkeypatch):
+    import json
+
+    from hpcsuite import study_env
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(isolated / "cache"))
+    asked = []
+
+    def asker(names, horovod):
+        asked.append(list(names))
+        return {n: f"{n} 1.0" for n in names}
+
+    monkeypatch.setattr(study_env, "ask_tools", asker)
+    path = write_study(isolated, "name: s\nbase: job.yaml\nrepeats: 1\n")
+    sd = st.create(str(path), None, None, ask_tools=False)
+    env = json.loads((sd.path / "environment.json").read_text())
+    assert study_env.pending(env) == ["horovod_build"] and asked == [["mpi", "slurm"]]
+    sb.complete_environment(sd)
+    env = json.loads((sd.path / "environment.json").read_text())
+    assert env["horovod_build"] == "horovod_build 1.0" and asked[-1] == ["horovod_build"]
+    sb.verify_bundle(sd.path)                     # the manifest records the new environment.json
+    sb.complete_environment(sd)
+    assert len(asked) == 2                        # nothing pending: nothing asked
+
+
+def test_compare_warns_of_an_unreadable_environment(tmp_path):
+    from hpcsuite import study_compare
+
+    a = fake_study(tmp_path / "a", steady(0.005, 0.005, 0.010, 0.006))
+    (a.path / "environment.json").write_text("{not json")
+    assert "environment.json is missing or unreadable" in study_compare._environment(a)[
+        "versions"]["error"]
+    diffs, warnings = study_compare.compare_environments(study_compare._environment(a),
+                                                         {"horovod": "0.28.1"})
+    assert [d["key"] for d in diffs] == ["horovod"] and warnings[0].startswith("warning: A: ")

@@ -60,7 +60,8 @@ def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
     before anything is submitted. Running it again keeps finished points and submits the
     missing or failed ones (up to 3 attempts each); Ctrl-C loses nothing.
     """
-    from ..study import StudyDir, create, run
+    from ..study import StudyDir, create
+    from ..study_run import run
 
     if Path(target).is_dir():
         sd = StudyDir(Path(target))
@@ -121,8 +122,10 @@ def status_cmd(target, as_json):
 def report_cmd(target, as_json):
     """Throughput, speedup and efficiency (median, min, max of the repeats) against the
     smallest point and the no-communication limit, the ring-allreduce model's reading of each
-    point and the knob that would help most. Writes report.{txt,csv,json} and throughput.png,
-    efficiency.png into the study's report/ directory."""
+    point and the knob that would help most. A configuration whose repeats spread more than
+    1.25x, or whose no-communication limit does not grow with the ranks, is FLAGGED instead of
+    diagnosed. Versions a study failed to record are warnings. Writes report.{txt,csv,json}
+    and throughput.png, efficiency.png into the study's report/ directory."""
     from ..study import open_study
     from ..study_report import table, write
 
@@ -145,7 +148,8 @@ def report_cmd(target, as_json):
 def rerun_cmd(bundle, directory, profile_path, wait, timeout):
     """Run the study in BUNDLE again, from the bundle alone: its inputs (checked against their
     sha256), its resolved job specs, into a fresh study directory."""
-    from ..study import rerun, run
+    from ..study import rerun
+    from ..study_run import run
 
     sd = rerun(Path(bundle), Path(directory) if directory else None)
     _say(f"re-running {Path(bundle).name} in {sd.path}")
