@@ -266,17 +266,18 @@ def allreduce_spec(name: str, output_dir: str, nodes: int, tasks_per_node: int,
 
 
 def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, point: Point,
-                   profile_path: str | None, from_bundle: bool):
+                   profile_path: str | None, from_bundle: bool, against_slurm: bool = False):
     """Resolve, lint and render one point; (JobSpec, BatchRequest). Raises UserError.
 
     At planning the point is the base spec with the point's --set assignments; from the
     bundle it is the point's resolved job.yaml (so a re-run is the same job whatever the
     user's and project's profiles say), with the output directory of this study directory.
-    An allreduce benchmark is always built afresh: it runs hpcsuite's installed rank program."""
+    An allreduce benchmark is always built afresh: it runs hpcsuite's installed rank program.
+    ``against_slurm``: also refuse what Slurm's partition can never give the point."""
     import yaml
 
     from .config import resolve
-    from .lint import lint
+    from .lint import lint, slurm_findings
     from .plan import plan
     from .templating import SearchPath
 
@@ -292,8 +293,10 @@ def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, po
     else:
         spec, sets = str(base_spec), point_sets(study, base, point, str(sd.runs))
     r = resolve(spec, profile_path, sets, cwd=base_spec.parent)
-    errors = [f"{f.key}: {f.message}" for f in lint(r.job, r.profile, base_spec.parent)
-              if f.level == "error"]
+    findings = lint(r.job, r.profile, base_spec.parent)
+    if against_slurm and not any(f.level == "error" for f in findings):
+        findings += slurm_findings(r.job)
+    errors = [f"{f.key}: {f.message}" for f in findings if f.level == "error"]
     if errors:
         raise UserError("; ".join(errors))
     request = plan(r.job, r.profile, SearchPath.default(None, site_only="template" in r.locks),
@@ -328,7 +331,7 @@ def create(study_path: str, directory: str | None, profile_path: str | None,
         staged = StudyDir(tmp)
         base_spec = tmp / "inputs" / base_src.name
         try:
-            _plan_points(staged, study, base_spec, profile_path, study_path)
+            _plan_points(staged, study, base_spec, profile_path, study_path, ask_tools)
         except UserError as e:   # name the user's files, not the bundle being made
             raise UserError(str(e).replace(str(tmp / "inputs"), str(base_src.parent))) from None
         base = base_job(base_spec, profile_path)
@@ -357,8 +360,9 @@ def base_job(base_spec: Path, profile_path: str | None) -> JobSpec:
 
 
 def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str | None,
-                 source: str) -> None:
-    """Expand, resolve and render every point; all problems reported together, exit 2."""
+                 source: str, against_slurm: bool = False) -> None:
+    """Expand, resolve and render every point; all problems reported together, exit 2
+    (a real run also asks Slurm what its partitions can give; a dry run asks nothing)."""
     import yaml
 
     base = base_job(base_spec, profile_path)
@@ -369,7 +373,7 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
     for point in points:
         try:
             job, request = point_request(sd, study, base_spec, base, point, profile_path,
-                                          from_bundle=False)
+                                          from_bundle=False, against_slurm=against_slurm)
         except UserError as e:
             axes = ", ".join(f"{k}={v}" for k, v in point.axes.items())
             problems.append(f"{source}: axes: point {point.id} ({axes}): {e}")

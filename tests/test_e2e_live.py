@@ -86,3 +86,43 @@ def test_max_steps_alone_is_not_capped_at_one_epoch(local_cluster, tmp_path):
     # 8 steps an epoch: 20 steps run into a third epoch
     assert results["status"] == "completed" and results["final_step"] == 20
     assert results["cursor"]["epoch"] == 2 and results["epochs"] == 3
+
+
+def test_a_job_slurm_can_never_start_is_refused_or_ends_the_wait(local_cluster, tmp_path):
+    """More nodes than the partition has: refused before sbatch. A time limit over the
+    partition's (which hpcsuite does not know without a site profile): Slurm queues it with
+    PartitionTimeLimit, `status` says why and `submit --wait` ends with exit 2."""
+    import subprocess
+
+    from hpcsuite import jobs
+    from hpcsuite.cluster import OTHER_PARTITION
+
+    _cluster, env = local_cluster
+    spec = SPEC.format(backend="torch", epochs=1) + f"  max_steps: 2\n"
+    spec = spec.replace("resources: {nodes: 2, tasks_per_node: 1}",
+                        f"resources: {{nodes: 3, tasks_per_node: 1, partition: {OTHER_PARTITION}}}")
+    (tmp_path / "job.yaml").write_text(spec)
+    refused = run_cli("submit", "job.yaml", cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        f"error: job.yaml: resources.nodes: 3 nodes, but partition '{OTHER_PARTITION}' has 2 "), \
+        refused.stderr
+    assert not (tmp_path / "runs").exists()              # nothing reached sbatch
+
+    scontrol = ["scontrol", "update", f"PartitionName={OTHER_PARTITION}"]
+    subprocess.run([*scontrol, "MaxTime=1"], env=env, check=True)
+    try:
+        (tmp_path / "job.yaml").write_text(spec.replace("nodes: 3", "nodes: 2").replace(
+            "tasks_per_node: 1,", "tasks_per_node: 1, time: '00:05:00',"))
+        waited = run_cli("submit", "job.yaml", "--wait", cwd=tmp_path, env=env, timeout=300)
+        assert waited.returncode == 2, waited.stdout + waited.stderr
+        last = waited.stderr.strip().splitlines()[-1]
+        # Slurm 22.05 says PartitionConfig here (newer ones PartitionTimeLimit): both are final
+        reason = next((r for r in ("PartitionTimeLimit", "PartitionConfig") if r in last), None)
+        assert last.startswith("error: job ") and reason and \
+            f"can never start: {reason}: {jobs.NEVER_STARTS[reason]}" in last, waited.stderr
+        job_id = last.split()[2]
+        status = run_cli("status", job_id, cwd=tmp_path, env=env, check=True).stdout
+        assert "PENDING" in status and f"({reason}: {jobs.NEVER_STARTS[reason]})" in status
+        run_cli("cancel", job_id, cwd=tmp_path, env=env, check=True)
+    finally:
+        subprocess.run([*scontrol, "MaxTime=INFINITE"], env=env, check=True)

@@ -488,3 +488,30 @@ def test_compare_warns_of_an_unreadable_environment(tmp_path):
     diffs, warnings = study_compare.compare_environments(study_compare._environment(a),
                                                          {"horovod": "0.28.1"})
     assert [d["key"] for d in diffs] == ["horovod"] and warnings[0].startswith("warning: A: ")
+
+
+def test_a_real_run_refuses_points_slurm_can_never_run_and_a_dry_run_asks_nothing(
+        isolated, monkeypatch):
+    from hpcsuite import slurm
+
+    asked = []
+
+    def call(argv, **kw):                       # a 2-node partition, 1 CPU a node
+        asked.append(argv[0])
+        if argv[:3] == ["scontrol", "show", "partition"]:
+            return slurm.Completed(argv, 0, "PartitionName=debug Default=YES MaxNodes=UNLIMITED\n", "")
+        if argv[0] == "sinfo":
+            return slurm.Completed(argv, 0, "node1|1|(null)\nnode2|1|(null)\n", "")
+        raise AssertionError(f"unexpected {argv}")
+
+    monkeypatch.setattr(slurm, "call", call)
+    path = write_study(isolated, "name: s\nbase: job.yaml\nrepeats: 1\naxes: {nodes: [1, 4]}\n")
+    with pytest.raises(UserError) as exc:
+        st.create(str(path), None, None, ask_tools=True)
+    assert "points break the site's rules" in str(exc.value)
+    assert "resources.nodes: 4 nodes, but partition 'debug' has 2" in str(exc.value)
+    assert "point" in str(exc.value) and "nodes=4" in str(exc.value)
+    asked.clear()
+    monkeypatch.setattr("hpcsuite.study_env.ask_tools", lambda names, horovod: {})
+    st.create(str(path), str(isolated / "dry"), None, ask_tools=False)
+    assert asked == []
