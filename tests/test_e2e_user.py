@@ -166,7 +166,7 @@ def test_a_failing_user_model_ends_the_job_fast_with_its_traceback(local_cluster
     assert proc.returncode == 1
     log = next((tmp_path / "runs" / "broken").glob("slurm-*.out")).read_text()
     assert log.count("Traceback (most recent call last)") == 1, log
-    assert "hpcsuite train: rank" in log and "failed:" in log
+    assert "hpcsuite train: rank" in log and "failed in train.model (net.py:build):" in log
     assert 'net.py", line' in log and "ValueError: the user's model broke on call 4" in log
     assert "hpcsuite/runtime" not in log.split("Traceback (most recent call last)")[1].split("ValueError")[0]
 

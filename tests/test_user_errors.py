@@ -106,3 +106,21 @@ def test_lint_build_passes_a_good_job_and_plain_lint_imports_no_framework(tmp_pa
     plain = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                            text=True, timeout=60)
     assert plain.stdout.strip().endswith("[]"), plain.stdout + plain.stderr
+
+
+def test_an_error_in_training_is_blamed_on_the_key_whose_file_raised(tmp_path, monkeypatch):
+    from hpcsuite.runtime.train import blame_by_frames
+
+    (tmp_path / "net.py").write_text("def forward(x):\n    raise ValueError(x)\n")
+    (tmp_path / "losses.py").write_text("def mine(out, y):\n    return out\n")
+    monkeypatch.chdir(tmp_path)
+    job = spec_from_dict({"name": "x", "train": {"model": "net.py:build",
+                                                 "loss": "losses.py:mine"}}, "x.yaml")
+    namespace = {}
+    exec(compile((tmp_path / "net.py").read_text(), str(tmp_path / "net.py"), "exec"), namespace)
+    with pytest.raises(ValueError) as exc:
+        namespace["forward"](3)
+    assert blame_by_frames(job, exc.value) == "train.model (net.py:build)"
+    with pytest.raises(ZeroDivisionError) as ours:
+        1 / 0
+    assert blame_by_frames(job, ours.value) is None

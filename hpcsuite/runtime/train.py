@@ -81,7 +81,8 @@ def main(job_path: str) -> None:
             fail(run_dir, rank, f"the script exited with {e.code!r}", code=e.code if
                  isinstance(e.code, int) else 1)
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
-        fail(run_dir, rank, user_traceback(e), code=1, key=getattr(e, "hpcsuite_key", None))
+        fail(run_dir, rank, user_traceback(e), code=1,
+             key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e))
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 
@@ -147,6 +148,34 @@ def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
         marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
     else:
         marker.unlink(missing_ok=True)
+
+
+def blame_by_frames(job: JobSpec, exc: BaseException) -> str | None:
+    """The spec key whose file raised ``exc`` during training (the model's forward, a loss, a
+    dataset's ``ds[ids]``): the innermost traceback frame in a file a spec key names."""
+    from .. import usercode
+
+    t = job.train
+    refs = [("train.model", t.model), ("train.loss", t.loss), ("train.data.factory", t.data.factory)]
+    if t.eval is not None and t.eval.data is not None:
+        refs.append(("train.eval.data.factory", t.eval.data.factory))
+    files = {}
+    for key, text in refs:
+        ref = usercode.parse(text) if text else None
+        try:
+            path = usercode.locate(ref, usercode.search_dirs(t.pythonpath)) if ref else None
+        except LookupError:
+            path = None
+        if path is not None:
+            files.setdefault(str(path.resolve()), f"{key} ({text})")
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        try:
+            found = files.get(str(Path(frame.filename).resolve()))
+        except OSError:
+            found = None
+        if found:
+            return found
+    return None
 
 
 def user_traceback(exc: BaseException) -> str:
