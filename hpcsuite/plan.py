@@ -9,7 +9,7 @@ from dataclasses import field
 from pathlib import Path
 
 from .records import Record, record
-from . import __version__
+from . import __version__, rundir
 from .launchers import LaunchContext, get_launcher
 from .profile import SiteProfile
 from .sbatch_header import HeaderError, check_fixed
@@ -31,12 +31,12 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
     if h.stall_shutdown_seconds:
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(h.stall_shutdown_seconds)
     if h.timeline:
-        env["HOROVOD_TIMELINE"] = Raw('"$RUN_DIR/horovod-timeline.json"')
+        env["HOROVOD_TIMELINE"] = Raw(rundir.in_shell(rundir.HOROVOD_TIMELINE))
     elif job.train.monitor.timeline_steps:
         env["HOROVOD_TIMELINE"] = "DYNAMIC"      # started and stopped from Python for a window
     if h.autotune:
         env["HOROVOD_AUTOTUNE"] = "1"
-        env["HOROVOD_AUTOTUNE_LOG"] = Raw('"$RUN_DIR/horovod-autotune.csv"')
+        env["HOROVOD_AUTOTUNE_LOG"] = Raw(rundir.in_shell(rundir.HOROVOD_AUTOTUNE_LOG))
     return env
 
 
@@ -86,7 +86,7 @@ HEADER_KEYS = {
     "resources.time": ("time", lambda job, root: job.resources.time),
     "resources.partition": ("partition", lambda job, root: job.resources.partition),
     "resources.mem": ("mem", lambda job, root: job.resources.mem),
-    "output_dir": ("output", lambda job, root: f"{root}/slurm-%j.out"),
+    "output_dir": ("output", lambda job, root: rundir.slurm_log_pattern(root)),
 }
 PARTITION_OPTIONS = ("account", "qos", "reservation", "constraint")
 # The resources keys behind Resources.sbatch_options (extra_sbatch: one key per option).
@@ -182,11 +182,12 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
          locks: tuple[str, ...] = ()) -> BatchRequest:
     """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks)."""
     environment = {**horovod_environment(job), **mpi_environment(job, profile), **job.env}
-    command = [profile.interpreter(), "-m", "hpcsuite", "train", "--job", Raw('"$RUN_DIR/job.json"')]
+    command = [profile.interpreter(), "-m", "hpcsuite", "train", "--job",
+               Raw(rundir.in_shell(rundir.JOB))]
     ctx = LaunchContext(job=job, mpi=profile.mpi, command=tuple(command),
-                        env_names=("PATH", "HPCSUITE_RUN_DIR", *environment))
+                        env_names=("PATH", rundir.ENV, *environment))
     launch = join(get_launcher(job.launcher).argv(ctx))
-    run_root = f"{job.output_dir.rstrip('/')}/{job.name}"
+    run_root = rundir.run_root(job.output_dir, job.name)
     template_file = path.which(job.template)
     partition = profile.partitions.get(job.resources.partition or "")
     context = {
@@ -197,7 +198,8 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "version": __version__,
         "template_name": job.template,
         "digest": job.digest(),
-        "paths": {"run_root": run_root, "log": f"{run_root}/slurm-%j.out"},
+        "paths": {"run_root": run_root, "log": rundir.slurm_log_pattern(run_root)},
+        "rundir": {key: Raw(name) for key, name in rundir.RunDir.template_names().items()},
         "module_init": Raw(profile.module_init) if profile.module_init else None,
         "module_paths": list(profile.module_paths),
         "modules": list(profile.modules),
@@ -230,10 +232,10 @@ class Submitted(Record):
 def submit(request: BatchRequest) -> Submitted:
     """Write the script, call sbatch from the work directory, record what was submitted."""
     from . import slurm
-    root = Path(request.workdir) / request.run_root
-    root.mkdir(parents=True, exist_ok=True)
+    root = rundir.RunRoot(Path(request.workdir) / request.run_root)
+    root.path.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    staged = root / f".submit-{stamp}.sbatch"
+    staged = root.staged_script(stamp)
     staged.write_text(request.script)
     try:
         done = slurm.call([*request.sbatch_argv, str(staged)], cwd=request.workdir,
@@ -242,12 +244,13 @@ def submit(request: BatchRequest) -> Submitted:
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
-    run_dir = root / job_id
+    run = root.run(job_id)
+    run_dir = run.path
     run_dir.mkdir(parents=True, exist_ok=True)
-    script_path = run_dir / "job.sbatch"
+    script_path = run.script
     os.replace(staged, script_path)
     submitted_at = dt.datetime.now().isoformat(timespec="seconds")
-    (run_dir / "submit.json").write_text(json.dumps({
+    run.submit.write_text(json.dumps({
         "job_id": job_id, "submitted_at": submitted_at,
         "workdir": request.workdir, "template": request.template, "spec": request.spec,
         "sbatch_argv": [*request.sbatch_argv, str(script_path)],
@@ -257,8 +260,7 @@ def submit(request: BatchRequest) -> Submitted:
     from . import registry
 
     try:   # the job is in Slurm's hands now: a failure to record it must not hide its id
-        (run_dir / "profile.json").write_text(json.dumps(request.profile, indent=2,
-                                                         sort_keys=True) + "\n")
+        run.profile.write_text(json.dumps(request.profile, indent=2, sort_keys=True) + "\n")
         registry.record(request.workdir, {
             "job_id": job_id, "name": request.job.name, "run_dir": str(run_dir),
             "spec": request.spec, "spec_digest": request.job.digest(),

@@ -6,6 +6,9 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
 
     OUTPUT_DIR/NAME/                     RunRoot: every run of a job name
         slurm-JOBID.out                  Slurm's log of the batch script
+        .submit-STAMP.sbatch             the script between sbatch and its job id (submit)
+        checkpoints/                     the job name's checkpoints (no train.checkpoint.dir)
+        local/STAMP/                     a run in this process (hpcsuite.api, no Slurm)
         JOBID/                           RunDir: one submitted job, all its attempts
             job.sbatch submit.json       the script as submitted, the sbatch command
             job.json profile.json        the resolved job and site profile (the ranks read job.json)
@@ -20,8 +23,15 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             rank-R.json                  rank R's own record (steps, step times, checksum)
             logs/rank-R.log              rank R's log, every attempt appended
             ledger/rank-R-attempt-N.txt  sample ids trained (train.ledger)
-            timeline/                    Horovod timeline windows
+            horovod-timeline.json        Horovod's timeline of the whole run (train.horovod.timeline)
+            horovod-timeline-steps-A-B.json  a timeline window (train.monitor.timeline_steps)
+            horovod-autotune.csv         Horovod's autotuning log (train.horovod.autotune)
+            allreduce.json allreduce.csv the allreduce benchmark's report (hpcsuite bench)
             loss.png throughput.png ...  `hpcsuite report`
+
+The names of files that belong to an attempt or a rank are built by the ``*_name`` functions;
+the batch template gets them built with the shell's attempt number (:data:`SHELL_ATTEMPT`), so
+the shell and Python spell them through one formula.
 
 Light: the login-node commands import it, so it imports nothing beyond the standard library.
 """
@@ -31,6 +41,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+ENV = "HPCSUITE_RUN_DIR"      # the batch script exports the run directory to every rank
+SHELL_ATTEMPT = "${SLURM_RESTART_COUNT:-0}"   # the attempt number, as the batch shell reads it
 
 JOB = "job.json"
 PROFILE = "profile.json"
@@ -45,10 +58,71 @@ STOP_REQUESTED = "STOP-REQUESTED"
 FAILED = "FAILED"
 LOGS = "logs"
 LEDGER = "ledger"
-TIMELINE = "timeline"
-REPORT_PLOTS = ("loss.png", "throughput.png", "utilisation.png", "metrics.png")
-SLURM_LOG = "slurm-{job_id}.out"          # in the run root; sbatch's --output spells %j
+HOROVOD_TIMELINE = "horovod-timeline.json"
+HOROVOD_AUTOTUNE_LOG = "horovod-autotune.csv"
+ALLREDUCE = "allreduce.json"
+ALLREDUCE_CSV = "allreduce.csv"
+LOSS_PLOT = "loss.png"
+THROUGHPUT_PLOT = "throughput.png"
+UTILISATION_PLOT = "utilisation.png"
+METRICS_PLOT = "metrics.png"
+REPORT_PLOTS = (LOSS_PLOT, THROUGHPUT_PLOT, UTILISATION_PLOT, METRICS_PLOT)
+# in the run root
+SLURM_LOG = "slurm-{job_id}.out"          # sbatch's --output spells %j for the id
+CHECKPOINTS = "checkpoints"
+LOCAL = "local"
+
 _ATTEMPT_RESULTS = re.compile(r"^results-attempt-(\d+)\.json$")
+_TIMELINE_WINDOW = re.compile(r"^horovod-timeline-steps-(\d+)-(\d+)\.json$")
+
+
+# ------------------------------------------------------------------- names (relative)
+# ``attempt`` may be a number or a shell expression (SHELL_ATTEMPT) for the template.
+def ready_name(attempt: int | str) -> str:
+    return f"{READY}/attempt-{attempt}"
+
+
+def ready_mark_name(rank: int) -> str:
+    return f"rank-{rank}"
+
+
+def stop_requested_name(attempt: int | str) -> str:
+    return f"{STOP_REQUESTED}-attempt-{attempt}"
+
+
+def failed_name(attempt: int | str) -> str:
+    return f"{FAILED}-attempt-{attempt}"
+
+
+def attempt_results_name(attempt: int | str) -> str:
+    return f"results-attempt-{attempt}.json"
+
+
+def rank_record_name(rank: int) -> str:
+    return f"rank-{rank}.json"
+
+
+def rank_log_name(rank: int) -> str:
+    return f"{LOGS}/rank-{rank}.log"
+
+
+def ledger_name(rank: int, attempt: int | str) -> str:
+    return f"{LEDGER}/rank-{rank}-attempt-{attempt}.txt"
+
+
+def timeline_window_name(first: int, last: int) -> str:
+    return f"horovod-timeline-steps-{first}-{last}.json"
+
+
+def in_shell(name: str) -> str:
+    """``name`` in the batch script's run directory, as a double-quoted shell word."""
+    return f'"$RUN_DIR/{name}"'
+
+
+# ------------------------------------------------------------------- the run root
+def run_root(output_dir: str, name: str) -> str:
+    """``OUTPUT_DIR/NAME`` as the batch script spells it (relative to the submit directory)."""
+    return f"{output_dir.rstrip('/')}/{name}"
 
 
 def slurm_log_pattern(run_root: str) -> str:
@@ -57,12 +131,48 @@ def slurm_log_pattern(run_root: str) -> str:
 
 
 @dataclass(frozen=True)
+class RunRoot:
+    """``OUTPUT_DIR/NAME``: every run of one job name, and what they share."""
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def of(cls, output_dir: str | Path, name: str) -> "RunRoot":
+        return cls(Path(output_dir) / name)
+
+    def run(self, job_id: str) -> "RunDir":
+        return RunDir(self.path / job_id)
+
+    def local(self, stamp: str) -> "RunDir":
+        """A run in this process, without Slurm (``hpcsuite.api.run``)."""
+        return RunDir(self.path / LOCAL / stamp)
+
+    def slurm_log(self, job_id: str) -> Path:
+        return self.path / SLURM_LOG.format(job_id=job_id)
+
+    def staged_script(self, stamp: str) -> Path:
+        """The script between writing it and sbatch's job id (then it moves to ``job.sbatch``)."""
+        return self.path / f".submit-{stamp}.sbatch"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+
+# ------------------------------------------------------------------- one run
+@dataclass(frozen=True)
 class RunDir:
     """One job's run directory, ``OUTPUT_DIR/NAME/JOBID``."""
     path: Path
 
     def __post_init__(self):
         object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def root(self) -> RunRoot:
+        return RunRoot(self.path.parent)
 
     # the job, as submitted
     @property
@@ -87,19 +197,25 @@ class RunDir:
         return self.path / ATTEMPTS
 
     def ready(self, attempt: int | str) -> Path:
-        return self.path / READY / f"attempt-{attempt}"
+        return self.path / ready_name(attempt)
 
     def ready_mark(self, attempt: int | str, rank: int) -> Path:
-        return self.ready(attempt) / f"rank-{rank}"
+        return self.ready(attempt) / ready_mark_name(rank)
 
     def stop_requested(self, attempt: int | str) -> Path:
-        return self.path / f"{STOP_REQUESTED}-attempt-{attempt}"
+        return self.path / stop_requested_name(attempt)
 
     def failed(self, attempt: int | str) -> Path:
-        return self.path / f"{FAILED}-attempt-{attempt}"
+        return self.path / failed_name(attempt)
 
     def failed_markers(self) -> list[Path]:
-        return sorted(self.path.glob(f"{FAILED}-attempt-*"))
+        return sorted(self.path.glob(failed_name("*")))
+
+    @staticmethod
+    def is_outcome(name: str) -> bool:
+        """A file whose appearance means the job has something to say: its results, or a
+        failure (``submit --wait`` watches for them)."""
+        return name == RESULTS or name.startswith(FAILED)
 
     @property
     def preempted(self) -> Path:
@@ -115,46 +231,71 @@ class RunDir:
         return self.path / RESULTS
 
     def attempt_results(self, attempt: int | str) -> Path:
-        return self.path / f"results-attempt-{attempt}.json"
+        return self.path / attempt_results_name(attempt)
 
     def attempt_results_files(self) -> dict[int, Path]:
         """Each attempt's results-attempt-N.json, by attempt number."""
         found = {}
-        for path in self.path.glob("results-attempt-*.json"):
+        for path in self.path.glob(attempt_results_name("*")):
             m = _ATTEMPT_RESULTS.match(path.name)
             if m:
                 found[int(m.group(1))] = path
         return dict(sorted(found.items()))
 
     def rank_record(self, rank: int) -> Path:
-        return self.path / f"rank-{rank}.json"
+        return self.path / rank_record_name(rank)
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS
 
     def rank_log(self, rank: int) -> Path:
-        return self.path / LOGS / f"rank-{rank}.log"
+        return self.path / rank_log_name(rank)
 
     @property
     def ledger_dir(self) -> Path:
         return self.path / LEDGER
 
     def ledger(self, rank: int, attempt: int | str) -> Path:
-        return self.path / LEDGER / f"rank-{rank}-attempt-{attempt}.txt"
+        return self.path / ledger_name(rank, attempt)
 
-    def ledger_files(self) -> list[Path]:
-        return sorted((self.path / LEDGER).glob("rank-*-attempt-*.txt"))
+    def ledger_files(self) -> dict[Path, int]:
+        """Every rank's ledger file, sorted by name, with the attempt it is of."""
+        return {p: int(p.stem.rsplit("-", 1)[1]) for p in sorted(self.path.glob(ledger_name("*", "*")))}
+
+    def timeline_window(self, first: int, last: int) -> Path:
+        return self.path / timeline_window_name(first, last)
+
+    def timeline_windows(self) -> list[Path]:
+        """The timeline windows, by the step each opens at."""
+        found = [(int(m.group(1)), p) for p in self.path.glob(timeline_window_name("*", "*"))
+                 if (m := _TIMELINE_WINDOW.match(p.name))]
+        return [p for _, p in sorted(found, key=lambda f: f[0])]
 
     @property
-    def timeline_dir(self) -> Path:
-        return self.path / TIMELINE
+    def allreduce(self) -> Path:
+        return self.path / ALLREDUCE
+
+    @property
+    def allreduce_csv(self) -> Path:
+        return self.path / ALLREDUCE_CSV
 
     def plot(self, name: str) -> Path:
         return self.path / name
 
     # beside it, in the run root
     def slurm_log(self, job_id: str) -> Path:
-        return self.path.parent / SLURM_LOG.format(job_id=job_id)
+        return self.root.slurm_log(job_id)
+
+    @property
+    def default_checkpoints(self) -> Path:
+        """Where the checkpoints go without ``train.checkpoint.dir``: shared by the job name."""
+        return self.path.absolute().parent / CHECKPOINTS
 
     @staticmethod
     def template_names() -> dict[str, str]:
-        """The names the batch template writes and reads in ``$RUN_DIR`` (its ``rundir``)."""
-        return {"job": JOB, "attempts": ATTEMPTS, "ready": READY, "stop_requested": STOP_REQUESTED,
-                "preempted": PREEMPTED, "failed": FAILED}
+        """The names the batch template writes and reads in ``$RUN_DIR`` (its ``rundir``),
+        those of an attempt built with the shell's attempt number."""
+        return {"env": ENV, "job": JOB, "attempts": ATTEMPTS,
+                "ready": ready_name(SHELL_ATTEMPT),
+                "stop_requested": stop_requested_name(SHELL_ATTEMPT)}
