@@ -1,0 +1,64 @@
+"""What a rank reads and leaves in its run directory, for both modes and the entry point: the
+resolved job, the host name it reports, the results and the preemption marker.
+
+No framework, no training module: :mod:`.train` (the entry point), :mod:`.loop`, :mod:`.session`
+and :mod:`hpcsuite.api` all import it, and it imports none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from ..errors import UserError
+from ..rundir import RunDir
+from ..spec import JobSpec, spec_from_dict
+
+
+def load_job(path: str) -> JobSpec:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object (the resolved job)")
+    return spec_from_dict(data, path)
+
+
+def hostname() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def attempt() -> int:
+    """This attempt's number: how often Slurm requeued the job."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+def job_id() -> str | None:
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
+    """PREEMPTED ("STEP REASON") when the run stopped with a checkpoint, for the batch
+    script's `hpcsuite attempt end`; removed otherwise."""
+    marker = RunDir(run_dir).preempted
+    if status in ("preempted", "time_limit"):
+        marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
+    else:
+        marker.unlink(missing_ok=True)
+
+
+def publish(run_dir: Path, results) -> Path:
+    """Rank 0's last act: ``results`` (a :class:`~hpcsuite.results.Results`) stamped with the
+    Slurm job and attempt, written as results.json, and the preemption marker set or cleared."""
+    results.job_id = job_id()
+    results.attempt = attempt()
+    path = results.write(run_dir)
+    write_stop_marker(run_dir, results.status, results.final_step)
+    return path

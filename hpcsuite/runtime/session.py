@@ -1,0 +1,289 @@
+"""One training session, whichever mode calls the steps: how a run restores, votes, saves,
+watches the clock, keeps its progress and reports.
+
+The managed loop (:class:`.loop.Trainer`) and script mode (:class:`hpcsuite.api.Run`) differ in
+who calls the step, not in any of that, so both are thin adapters over a :class:`Session`:
+
+- the checkpoint store and what every manifest records (the step, the data cursor, the world);
+- the :class:`~.policy.Policy` (when to vote, save, log) and the stop: the preemption flag, rank
+  0's time-limit watch, the reason, the step it was first asked for;
+- the ranks' vote (:mod:`.vote`): posted with :meth:`Session.post_vote`, read with
+  :meth:`Session.read_vote`, so a fix to either reaches both modes;
+- :class:`Progress` (step, cursor), :class:`Metrics`, progress.json and results.json.
+
+The ranks talk through :class:`Collectives`, four calls: the Horovod backends implement it on
+their own tensors, script mode over the script's ``hvd`` module (:mod:`.collectives`), tests
+with threads. Framework-free: nothing here imports torch, TensorFlow or Horovod.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ..attempts import checkpoint_root
+from ..errors import UserError
+from ..results import Results, step_stats, write_progress
+from ..rundir import RunDir
+from ..spec import JobSpec
+from . import vote
+from .checkpoint import CheckpointStore, Loaded
+from .job_io import attempt, hostname, job_id
+from .policy import PROGRESS_SECONDS, VOTE_SECONDS, Policy, steady_throughput
+from .sharding import Cursor
+from .signals import FLAG, StopFlag
+
+log = logging.getLogger(__name__)
+
+STOPPED = ("preempted", "time_limit")    # statuses of a run that stopped early, with its work
+
+
+class Collectives(Protocol):
+    """What a session needs of the ranks: every call is collective (all ranks, same order)."""
+    rank: int
+    size: int
+
+    def broadcast_object(self, obj): ...        # rank 0's ``obj`` on every rank
+    def allgather_object(self, obj) -> list: ...   # every rank's ``obj``, by rank
+    # The vote: an int32 Max allreduce of ``values``, started now and read later (it may
+    # travel with the next step's gradients); every rank reads the same vector.
+    def vote_start(self, values: list[int]) -> object: ...
+    def vote_result(self, handle: object) -> list[int]: ...
+
+
+@dataclass
+class Progress:
+    step: int = 0                    # optimizer steps done, including resumed ones
+    cursor: Cursor = field(default_factory=Cursor)
+    start_step: int = 0
+    resumed_from: str | None = None
+
+
+@dataclass
+class Metrics:
+    """What one rank records while training (each mode fills the parts it has)."""
+    step_times: list[float] = field(default_factory=list)
+    data_times: list[float] = field(default_factory=list)
+    loss_sums: list[float] = field(default_factory=list)  # per step: its micro-batches' sum
+    # The micro-batches' loss sums as the backend returned them (tensors), not yet in loss_sums:
+    # turned into floats in one call per vote instead of one device read per step.
+    pending: list = field(default_factory=list)
+    real: list[int] = field(default_factory=list)         # per step: real samples, all ranks
+    lr: list[float] = field(default_factory=list)
+    checkpoints: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    series: dict[str, list[float]] = field(default_factory=dict)   # script mode's run.log()
+    samples: int = 0
+
+
+class Session:
+    """One rank's part of a training run (see the module's doc)."""
+
+    def __init__(self, job: JobSpec, run_dir: Path, ranks: Collectives, flag: StopFlag = FLAG):
+        self.job, self.t, self.ranks, self.flag = job, job.train, ranks, flag
+        self.run_dir = Path(run_dir)
+        self.rank, self.size = int(ranks.rank), int(ranks.size)
+        self.store = CheckpointStore(checkpoint_root(job, self.run_dir), self.t.checkpoint.keep)
+        self.progress = Progress()
+        self.metrics = Metrics()
+        self.policy = Policy(job, 0, time.monotonic())
+        self.progress_at = float("-inf")
+        self.stopped = False
+        self.stop_reason = "preempted"     # rank 0's word when the stop is agreed
+        self.noticed_step: int | None = None   # the vote step a stop was first asked for here
+        self.saved_step: int | None = None     # the step of the latest save
+        self.vote_handle = None                # a vote posted and not yet read
+        self.vote_tick = 0                     # the tick (a step, a call) it was posted at
+        self.time_limit = None                 # rank 0 stops before Slurm's time limit
+        if self.rank == 0 and self.t.preemption.watches_time_limit(self.t.checkpoint.enabled):
+            from .timelimit import TimeLimit
+
+            self.time_limit = TimeLimit.from_slurm()
+
+    # ---------------------------------------------------------------- resume
+    def restore(self, accept: Callable[[Loaded], None]) -> Loaded | None:
+        """The latest good checkpoint (collective). Rank 0 picks it and ``accept`` checks it
+        (and may load it; a UserError refuses it); every rank learns its step, cursor and path
+        and continues from there. Returns what rank 0 read; None on the other ranks, or when
+        there is nothing to resume."""
+        info, loaded = None, None
+        if self.rank == 0 and self.t.checkpoint.resume:
+            try:
+                loaded = self.store.latest()
+                if loaded is not None:
+                    accept(loaded)
+                    m = loaded.manifest
+                    info = {"step": m["step"], "cursor": m["cursor"], "path": str(loaded.path)}
+                    log.info("resuming from %s (step %d)", loaded.path, m["step"])
+            except UserError as e:     # every rank stops on it, none waits for rank 0
+                info = {"error": str(e)}
+        info = self.ranks.broadcast_object(info)
+        if info is not None and "error" in info:
+            raise UserError(info["error"])
+        if info is None:
+            return None
+        step = int(info["step"])
+        self.progress = Progress(step, Cursor.from_json(info["cursor"]), step, info["path"])
+        self.policy = Policy(self.job, step, time.monotonic())
+        return loaded
+
+    # ---------------------------------------------------------------- the vote
+    def vote_due(self, tick: int) -> bool:
+        return self.vote_handle is None and self.policy.poll_due(tick)
+
+    def post_vote(self, tick: int, times: list[float], state_bytes: int = 0,
+                  vote_seconds: float | None = None, loss_sum: float = float("nan")) -> None:
+        """Post this rank's vote at ``tick`` (a step, or a call of the script's should_stop):
+        stop (the flag, or rank 0's clock), save (every_minutes passed), the next interval
+        from ``times`` (recent step times) and ``loss_sum``, which progress shows."""
+        wants_stop = self.flag.raised or self.time_limit_near(times, state_bytes, vote_seconds)
+        if wants_stop and self.noticed_step is None:
+            self.noticed_step = self.progress.step
+        interval = Policy.propose_interval(times, vote_seconds or VOTE_SECONDS)
+        self.vote_handle = self.ranks.vote_start(vote.encode(
+            wants_stop, self.policy.time_to_save(time.monotonic()), interval, loss_sum,
+            self.rank, self.size))
+        self.vote_tick = tick
+        self.policy.polled(tick)
+
+    def read_vote(self) -> vote.Vote:
+        """The ranks' answer to the posted vote (the same on every rank); a stop is agreed."""
+        result = vote.decode(self.ranks.vote_result(self.vote_handle), self.size)
+        self.vote_handle = None
+        self.policy.agreed(self.vote_tick, result.interval)
+        if result.stop and not self.stopped:
+            self.stopped = True
+            if self.rank == 0:
+                self.stop_reason = self.reason()
+                log.info("stopping at step %d (%s)", self.progress.step, self.stop_reason)
+        return result
+
+    def settle_vote(self) -> None:
+        """Collect a vote still in flight at the end (every rank posted it; every rank reads)."""
+        if self.vote_handle is not None:
+            self.ranks.vote_result(self.vote_handle)
+            self.vote_handle = None
+
+    def time_limit_near(self, times: list[float], state_bytes: int,
+                        vote_seconds: float | None) -> bool:
+        """Rank 0's clock says stop now (see :mod:`.timelimit`); ``vote_seconds`` None: the
+        current interval at the median step time."""
+        if self.time_limit is None:
+            return False
+        recent = sorted(times[-20:])
+        median = recent[len(recent) // 2] if recent else 0.0
+        seconds = self.policy.poll_every * median if vote_seconds is None else vote_seconds
+        return self.time_limit.near([c["seconds"] for c in self.metrics.checkpoints],
+                                    state_bytes, median, seconds)
+
+    def reason(self) -> str:
+        """time_limit or preempted, by rank 0's clock."""
+        from .timelimit import stop_reason
+
+        return stop_reason(self.time_limit, self.t.preemption.signal_lead(self.t.checkpoint.enabled))
+
+    # ---------------------------------------------------------------- save
+    def save(self, reason: str, state: Callable[[], tuple[dict, dict]]) -> str | None:
+        """This step's checkpoint (collective in name only: rank 0 writes). ``state()``, called
+        on rank 0: the tensors ``{group: {name: array}}`` and the mode's manifest fields."""
+        p = self.progress
+        self.saved_step = p.step
+        self.policy.saved(time.monotonic())
+        if self.rank != 0:
+            return None
+        tensors, fields = state()
+        manifest = {"step": p.step, "epoch": p.cursor.epoch, "cursor": p.cursor.to_json(),
+                    "world_size": self.size, "spec_digest": self.job.digest(), "job_id": job_id(),
+                    "reason": reason, **fields}
+        saved = self.store.save(p.step, tensors, manifest)
+        self.metrics.checkpoints.append({"step": p.step, "seconds": saved.seconds,
+                                         "bytes": saved.bytes, "reason": reason,
+                                         "path": str(saved.path)})
+        log.info("checkpoint %s (%s, %.3fs)", saved.path, reason, saved.seconds)
+        return str(saved.path)
+
+    # ---------------------------------------------------------------- progress
+    def progress_due(self) -> bool:
+        return self.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS
+
+    def write_progress(self, step: int, epoch: int, **fields) -> None:
+        """progress.json (rank 0): the step, the recent throughput, the attempt, and the
+        mode's ``fields`` (loss, lr, metrics)."""
+        m = self.metrics
+        self.progress_at = time.monotonic()
+        times, real = m.step_times[-50:], m.real[-50:]
+        rate = sum(real[-len(times):]) / sum(times) if times and real and sum(times) > 0 else None
+        write_progress(self.run_dir, {"step": step, "epoch": epoch, "max_steps": self.t.max_steps,
+                                      "samples_per_s": rate, **fields, "attempt": attempt(),
+                                      "time": time.time()})
+
+    # ---------------------------------------------------------------- results
+    def note(self, elapsed: float, checksum: str | None, **more) -> dict:
+        """This rank's note for the results: host, samples, time, checksum, how it saw the
+        stop, and the mode's ``more``; the ranks trade them with :meth:`gather`."""
+        flag = self.flag
+        return {**more, "host": hostname(), "samples": self.metrics.samples, "elapsed": elapsed,
+                "checksum": checksum, "noticed": self.noticed_step, "signal": flag.signal,
+                "after_signal": time.monotonic() - flag.at if self.stopped and flag.at else None}
+
+    def gather(self, note: dict) -> list[dict]:
+        """Every rank's note, by rank (collective)."""
+        return self.ranks.allgather_object(note)
+
+    def status(self) -> str:
+        return self.stop_reason if self.stopped else "completed"
+
+    def write_rank_record(self, record: dict) -> None:
+        from ..results import write_json_atomic
+
+        write_json_atomic(RunDir(self.run_dir).rank_record(self.rank), record)
+
+    def results(self, gathered: list[dict], status: str, **fields) -> Results:
+        """results.json's record (rank 0) from the ranks' notes; ``fields``: the mode's own
+        (model, dataset_samples, epochs, loss, ...)."""
+        m, p = self.metrics, self.progress
+        elapsed = max(g["elapsed"] for g in gathered)
+        total = sum(g["samples"] for g in gathered)
+        return Results(
+            job=self.job.name, status=status, backend=self.t.backend,
+            stop=stop_record(status, gathered, p.step, self.time_limit) if status in STOPPED else {},
+            world_size=self.size, hosts=[g["host"] for g in gathered],
+            steps=p.step - p.start_step, start_step=p.start_step, final_step=p.step,
+            cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
+            batch_size_per_rank=self.t.batch_size, grad_accumulation=self.t.grad_accumulation,
+            precision=self.t.precision, samples=total, elapsed_s=elapsed,
+            samples_per_s=total / elapsed if elapsed else 0.0,
+            samples_per_s_steady=steady_throughput(m.step_times, m.real[:len(m.step_times)]),
+            samples_per_s_per_rank=[g["samples"] / elapsed if elapsed else 0.0 for g in gathered],
+            step_time_s=step_stats(m.step_times), step_times_s=m.step_times,
+            checkpoints=m.checkpoints, checkpoint_time_s=sum(c["seconds"] for c in m.checkpoints),
+            param_checksums=[g["checksum"] for g in gathered if g["checksum"] is not None],
+            spec_digest=self.job.digest(), **fields)
+
+
+def stop_record(reason: str, gathered: list[dict], step: int, time_limit) -> dict:
+    """How a stop went, for results.json: from the ranks' notes at the report."""
+    signals = [g["signal"] for g in gathered if g.get("signal")]
+    after = [g["after_signal"] for g in gathered if g.get("after_signal") is not None]
+    noticed = [g["noticed"] for g in gathered if g.get("noticed") is not None]
+    left = time_limit.left() if time_limit is not None else None
+    return {"reason": reason, "signal": signals[0] if signals else None,
+            "seconds_after_signal": max(after) if after else None,
+            "steps_after_notice": step - min(noticed) if noticed else None,
+            "seconds_left": left}
+
+
+def checksum(params: dict) -> str:
+    """The sha256 of named arrays, by name: equal on every rank when the ranks agree."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(np.asarray(params[name])).tobytes())
+    return h.hexdigest()
