@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError
+from .rundir import RunDir, RunRoot
+# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
+from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
-RECORDS = "attempts.jsonl"
 OWNER = "OWNER.json"
-PREEMPTED_MARKER = "PREEMPTED"         # written by rank 0: "STEP REASON" (reason: signal, time_limit)
 SAVED = ("preempted", "time_limit")    # outcomes that saved their work
 FAILURES = ("failed", "lost")          # outcomes that count against max_failures
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -41,7 +42,7 @@ def checkpoint_root(job, run_dir: Path) -> Path:
     directory, the ranks' working directory), else beside the job's run directories."""
     if job.train.checkpoint.dir:
         return Path(job.train.checkpoint.dir).absolute()
-    return Path(run_dir).absolute().parent / "checkpoints"
+    return RunDir(run_dir).default_checkpoints
 
 
 def attempt_number() -> int:
@@ -51,7 +52,7 @@ def attempt_number() -> int:
 # ------------------------------------------------------------------- the record
 def read_records(run_dir: str | Path) -> list[dict]:
     """The attempts recorded in ``run_dir`` (oldest first); a damaged line is a UserError."""
-    path = Path(run_dir) / RECORDS
+    path = RunDir(run_dir).attempts
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -77,7 +78,7 @@ def read_records(run_dir: str | Path) -> list[dict]:
 def _append(run_dir: Path, entry: dict) -> None:
     line = json.dumps({"time": dt.datetime.now().isoformat(timespec="seconds"), **entry},
                       sort_keys=True) + "\n"
-    fd = os.open(Path(run_dir) / RECORDS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(RunDir(run_dir).attempts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
         os.fsync(fd)
@@ -179,7 +180,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     n = attempt_number()
     job_id = os.environ.get("SLURM_JOB_ID", "")
     pre = job.train.preemption
-    marker = run_dir / PREEMPTED_MARKER
+    marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit)
     step, reason = None, None
     if status == 0 and marker.is_file():
         words = marker.read_text().split()
@@ -302,7 +303,7 @@ def check_before_submit(job, workdir: str | Path) -> None:
     ck = job.train.checkpoint
     if not ck.enabled:
         return
-    root = Path(ck.dir) if ck.dir else Path(job.output_dir) / job.name / "checkpoints"
+    root = Path(ck.dir) if ck.dir else RunRoot.of(job.output_dir, job.name).checkpoints
     root = (Path(workdir) / root).absolute() if not root.is_absolute() else root
     check_owner(root)
     newest = newest_checkpoint(root)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import slurm
 from .errors import UserError
+from .rundir import RunDir
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -301,7 +302,7 @@ def _run_dir_mark(run_dir: Path | None) -> tuple:
         return ()
     try:
         return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.iterdir()
-                            if p.name == "results.json" or p.name.startswith("FAILED")))
+                            if RunDir.is_outcome(p.name)))
     except OSError:
         return ()
 

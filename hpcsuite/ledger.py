@@ -13,14 +13,14 @@ import collections
 from pathlib import Path
 
 from .errors import UserError
+from .rundir import RunDir
 
 
 def read(run_dir: str | Path) -> dict[int, list[tuple[int, int, list[int]]]]:
     """{attempt: [(epoch, step, ids), ...]} over every rank's file; a damaged line is a
     UserError naming the file and line."""
     out: dict[int, list] = collections.defaultdict(list)
-    for f in sorted((Path(run_dir) / "ledger").glob("rank-*-attempt-*.txt")):
-        attempt = int(f.stem.rsplit("-", 1)[1])
+    for f, attempt in RunDir(run_dir).ledger_files().items():
         text = f.read_text(errors="replace")
         lines = text.splitlines()
         for number, line in enumerate(lines, 1):

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 from .errors import UserError
+from .rundir import RunDir
 
 DIRNAME = ".hpcsuite"
 FILENAME = "runs.jsonl"
@@ -118,7 +119,7 @@ def locate(workdir: str | Path, run: str) -> tuple[str, dict | None]:
         return entry["job_id"], entry
     if run[:1].isdigit() and not Path(run).is_dir():
         return _check_id(run), None      # a job id, or one error saying it is not one
-    submitted = Path(run) / "submit.json"
+    submitted = RunDir(run).submit
     if submitted.is_file():
         try:
             job_id = str(json.loads(submitted.read_text())["job_id"])

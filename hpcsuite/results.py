@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import count
-
-RESULTS = "results.json"
+from .rundir import RunDir
+# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
+from .rundir import PROGRESS, RESULTS  # noqa: F401
 
 
 def write_json_atomic(path: Path, data: object) -> None:
@@ -36,15 +37,12 @@ def write_json_atomic(path: Path, data: object) -> None:
         raise
 
 
-PROGRESS = "progress.json"
-
-
 def write_progress(run_dir: Path, progress: dict) -> None:
     """Rank 0's latest step, epoch, throughput and loss while a job runs (``status``,
     ``submit --wait``): replaced whole every few seconds, never fsynced (losing the last one
     in a crash loses nothing that matters)."""
-    path = Path(run_dir) / PROGRESS
-    tmp = path.with_name(f".{PROGRESS}.{os.getpid()}")
+    path = RunDir(run_dir).progress
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         tmp.write_text(json.dumps(progress, sort_keys=True) + "\n")
         os.replace(tmp, path)
@@ -55,7 +53,7 @@ def write_progress(run_dir: Path, progress: dict) -> None:
 def read_progress(run_dir: str | Path) -> dict | None:
     """The job's latest progress record, or None (none yet, or caught mid-replace)."""
     try:
-        data = json.loads((Path(run_dir) / PROGRESS).read_text())
+        data = json.loads(RunDir(run_dir).progress.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -165,13 +163,13 @@ class Results:
     def write(self, run_dir: str | Path) -> Path:
         """This attempt's whole record as results-attempt-N.json, and results.json: the same,
         with a summary of every attempt of the job (a requeued job keeps its run directory)."""
-        run_dir = Path(run_dir)
-        write_json_atomic(run_dir / attempt_file(self.attempt),
+        run = RunDir(run_dir)
+        write_json_atomic(run.attempt_results(self.attempt),
                           {**self.to_json(), "attempts": [], "history": {}})
         every = attempt_results(run_dir, strict=False)
         self.attempts = [summary(number, r) for number, r in every]
         self.history = history([r for _, r in every if isinstance(r, Results)])
-        path = run_dir / RESULTS
+        path = run.results
         write_json_atomic(path, self.to_json())
         return path
 
@@ -190,22 +188,13 @@ SUMMARY_KEYS = ("attempt", "job_id", "status", "world_size", "start_step", "fina
                 "checkpoint_time_s", "stop")
 
 
-def attempt_file(attempt: int) -> str:
-    return f"results-attempt-{attempt}.json"
-
-
 def attempt_results(run_dir: str | Path, strict: bool = True) -> list[tuple[int, "Results | str"]]:
     """Each attempt's results-attempt-N.json in ``run_dir``, by attempt: its Results, or (not
     ``strict``) the one-line problem of a damaged one (``strict``: a UserError naming it)."""
     from .errors import UserError
 
-    found = []
-    for path in Path(run_dir).glob("results-attempt-*.json"):
-        number = path.name[len("results-attempt-"):-len(".json")]
-        if number.isdigit():
-            found.append((int(number), path))
     out: list[tuple[int, Results | str]] = []
-    for number, path in sorted(found):
+    for number, path in RunDir(run_dir).attempt_results_files().items():
         try:
             out.append((number, Results.load(path)))
         except UserError as e:
@@ -285,7 +274,7 @@ def _metrics_line(metrics: dict) -> str:
 
 def summarize(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
-    r = Results.load(run_dir / RESULTS)
+    r = Results.load(RunDir(run_dir).results)
     sums = r.param_checksums
     same = "identical on all ranks" if sums and len(set(sums)) == 1 else \
         ("DIFFER across ranks" if sums else "not recorded")

@@ -16,27 +16,24 @@ itself and what it is made of), summed over the tensors.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from .errors import UserError
-from .results import RESULTS, Results
+from .results import Results
+from .rundir import (LOSS_PLOT, METRICS_PLOT, THROUGHPUT_PLOT, UTILISATION_PLOT, RunDir,
+                     timeline_window_steps)
 
 
 def load(run_dir: Path) -> Results:
-    path = run_dir / RESULTS
+    path = RunDir(run_dir).results
     if not path.is_file():
         raise UserError(f"{path}: no results yet (the job has not finished, or it failed: "
                         "`hpcsuite status` and `hpcsuite logs` tell)")
     return Results.load(path)
 
 
-_WINDOW = re.compile(r"horovod-timeline-steps-(\d+)-(\d+)\.json$")
-
-
 def timeline_windows(run_dir: Path) -> list[Path]:
-    return sorted((p for p in run_dir.glob("horovod-timeline-steps-*.json")
-                   if _WINDOW.search(p.name)), key=lambda p: int(_WINDOW.search(p.name).group(1)))
+    return RunDir(run_dir).timeline_windows()
 
 
 def timeline_summary(path: Path) -> dict:
@@ -44,8 +41,7 @@ def timeline_summary(path: Path) -> dict:
     (Chrome trace events: B/E pairs per tensor; a file cut short lacks its closing bracket)."""
     import json
 
-    m = _WINDOW.search(path.name)
-    first, last = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    first, last = timeline_window_steps(path.name) or (0, 0)
     text = path.read_text(errors="replace").strip().rstrip(",")
     try:
         events = json.loads(text if text.endswith("]") else text + "]")
@@ -97,14 +93,14 @@ def plot(run_dir: Path, out: Path | None = None) -> list[Path]:
     h = r.whole()
     starts = h.get("attempt_starts", [])
     title = f"{r.job} (job {r.job_id})" + (f", {len(starts)} attempts" if len(starts) > 1 else "")
-    written = [_loss_plot(plt, r, h, title, out / "loss.png"),
-               _throughput_plot(plt, r, h, title, out / "throughput.png")]
+    written = [_loss_plot(plt, r, h, title, out / LOSS_PLOT),
+               _throughput_plot(plt, r, h, title, out / THROUGHPUT_PLOT)]
     series = {k: v for k, v in r.metrics.items() if k != "loss" and isinstance(v, list)
               and v and all(isinstance(x, (int, float)) for x in v)}
     if r.mode == "script" and series:
-        written.append(_metrics_plot(plt, r, series, title, out / "metrics.png"))
+        written.append(_metrics_plot(plt, r, series, title, out / METRICS_PLOT))
     if r.utilisation and any(r.utilisation):
-        written.append(_utilisation_plot(plt, r, title, out / "utilisation.png"))
+        written.append(_utilisation_plot(plt, r, title, out / UTILISATION_PLOT))
     return written
 
 

@@ -73,7 +73,7 @@ CHECKPOINTS = "checkpoints"
 LOCAL = "local"
 
 _ATTEMPT_RESULTS = re.compile(r"^results-attempt-(\d+)\.json$")
-_TIMELINE_WINDOW = re.compile(r"^horovod-timeline-steps-(\d+)-(\d+)\.json$")
+_TIMELINE_WINDOW = re.compile(r"horovod-timeline-steps-(\d+)-(\d+)\.json$")
 
 
 # ------------------------------------------------------------------- names (relative)
@@ -112,6 +112,12 @@ def ledger_name(rank: int, attempt: int | str) -> str:
 
 def timeline_window_name(first: int, last: int) -> str:
     return f"horovod-timeline-steps-{first}-{last}.json"
+
+
+def timeline_window_steps(name: str) -> tuple[int, int] | None:
+    """(first, last) of a timeline window's file name, None for another file."""
+    m = _TIMELINE_WINDOW.search(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def in_shell(name: str) -> str:
@@ -261,15 +267,16 @@ class RunDir:
 
     def ledger_files(self) -> dict[Path, int]:
         """Every rank's ledger file, sorted by name, with the attempt it is of."""
-        return {p: int(p.stem.rsplit("-", 1)[1]) for p in sorted(self.path.glob(ledger_name("*", "*")))}
+        files = sorted(self.path.glob(ledger_name("*", "*")))
+        return {p: int(p.stem.rsplit("-", 1)[1]) for p in files}
 
     def timeline_window(self, first: int, last: int) -> Path:
         return self.path / timeline_window_name(first, last)
 
     def timeline_windows(self) -> list[Path]:
         """The timeline windows, by the step each opens at."""
-        found = [(int(m.group(1)), p) for p in self.path.glob(timeline_window_name("*", "*"))
-                 if (m := _TIMELINE_WINDOW.match(p.name))]
+        found = [(steps[0], p) for p in self.path.glob(timeline_window_name("*", "*"))
+                 if (steps := timeline_window_steps(p.name))]
         return [p for _, p in sorted(found, key=lambda f: f[0])]
 
     @property

@@ -30,7 +30,7 @@ from pathlib import Path
 from .errors import UserError
 from .study import Point, StudyDir
 from .study_bundle import ENVIRONMENT
-from .study_run import point_done
+from .study_run import point_done, point_result
 
 REPORT_DIR = "report"
 
@@ -40,8 +40,7 @@ REPORT_DIR = "report"
 def _results(sd: StudyDir, point: Point, entry: dict) -> dict | None:
     if not point_done(sd, point, entry):
         return None
-    name = "allreduce.json" if point.kind == "allreduce" else "results.json"
-    return json.loads((sd.run_dir(point, entry["job_id"]) / name).read_text())
+    return json.loads(point_result(sd, point, entry["job_id"]).read_text())
 
 
 def throughput(results: dict, warmup: int, steps: int) -> tuple[float, float] | None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from pathlib import Path
 from typing import Callable
 
 from .errors import UserError
 from .records import Record, record
+from .rundir import RunDir
 from .study import MAX_ATTEMPTS, Point, StudyDir, base_job, point_request
 from .study_bundle import complete_environment
 
@@ -28,12 +30,17 @@ class Progress(Record):
                 f"submit" + (f", {self.failed} failed" if self.failed else ""))
 
 
+def point_result(sd: StudyDir, point: Point, job_id: str) -> Path:
+    """The file a point's run leaves when it is done: the benchmark's report or results.json."""
+    run = RunDir(sd.run_dir(point, job_id))
+    return run.allreduce if point.kind == "allreduce" else run.results
+
+
 def point_done(sd: StudyDir, point: Point, entry: dict) -> bool:
     job_id = entry.get("job_id")
     if not job_id:
         return False
-    name = "allreduce.json" if point.kind == "allreduce" else "results.json"
-    path = sd.run_dir(point, job_id) / name
+    path = point_result(sd, point, job_id)
     if not path.is_file():
         return False
     if point.kind == "allreduce":
