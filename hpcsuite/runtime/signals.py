@@ -7,9 +7,10 @@ killing the rank. The managed loop and script mode (:mod:`hpcsuite.api`) read th
 Two gaps remain that no handler can close, and the batch script closes them (see the
 template's launch block): a signal that comes before the ranks exist (the launcher forwards it
 to nobody), and one that comes in the first milliseconds of a rank's interpreter. So the batch
-shell's trap first writes a stop request (:data:`STOP_REQUEST`) into the run directory, then
-waits until every rank has said it is ready (:func:`announce_ready`: its handler is installed)
-before it forwards the signal; a rank that becomes ready reads the stop request itself.
+shell's trap first writes a stop request (:meth:`~hpcsuite.rundir.RunDir.stop_requested`) into
+the run directory, then waits until every rank has said it is ready (:func:`announce_ready`: its
+handler is installed) before it forwards the signal; a rank that becomes ready reads the stop
+request itself.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import signal
 import time
 from pathlib import Path
 
-STOP_REQUEST = "STOP-REQUESTED"      # + "-attempt-N", written by the batch shell's trap
-READY_DIR = "ready"                  # ready/attempt-N/rank-R: that rank's handler is installed
+from ..rundir import RunDir
+# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
+from ..rundir import READY as READY_DIR, STOP_REQUESTED as STOP_REQUEST  # noqa: F401
+
 EARLY_SIGNALS = ("USR1", "USR2", "TERM")   # caught before the job says which one it uses
 
 
@@ -72,10 +75,11 @@ def announce_ready(run_dir: Path, rank: int, flag: StopFlag = FLAG) -> None:
     existed). Best effort: without a writable run directory the shell forwards after its
     wait and a rank not yet ready then would die, as it did before this existed."""
     try:
-        ready = run_dir / READY_DIR / f"attempt-{_attempt()}"
-        ready.mkdir(parents=True, exist_ok=True)
-        (ready / f"rank-{rank}").touch()
-        requested = (run_dir / f"{STOP_REQUEST}-attempt-{_attempt()}").read_text().split()
+        run = RunDir(run_dir)
+        mark = run.ready_mark(_attempt(), rank)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+        requested = run.stop_requested(_attempt()).read_text().split()
     except OSError:
         return
     if requested:

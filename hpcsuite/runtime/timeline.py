@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..rundir import RunDir
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ class Window:
         self.hvd.stop_timeline()
         if self.rank != 0:
             return None
-        target = self.run_dir / f"horovod-timeline-steps-{self.started_at}-{step}.json"
+        target = RunDir(self.run_dir).timeline_window(self.started_at, step)
         try:
             shutil.copyfile(self.local, target)
             self.local.unlink()

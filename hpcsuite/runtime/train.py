@@ -18,12 +18,14 @@ import traceback
 from pathlib import Path
 
 from ..errors import UserError, count
+from ..rundir import ENV, RunDir
 from ..spec import JobSpec, spec_from_dict
 from .signals import FLAG, announce_ready
 
-log = logging.getLogger(__name__)
+# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
+from ..rundir import FAILED as FAILED_MARKER, LOGS as RANK_LOGS  # noqa: F401
 
-FAILED_MARKER = "FAILED"   # FAILED-attempt-N: the first failure of attempt N was reported
+log = logging.getLogger(__name__)
 
 
 def load_job(path: str) -> JobSpec:
@@ -61,7 +63,7 @@ def make_backend(job: JobSpec):
 def main(job_path: str) -> None:
     job = load_job(job_path)
     FLAG.install([job.train.preemption.signal, "TERM"])
-    run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or Path(job_path).parent)
+    run_dir = Path(os.environ.get(ENV) or Path(job_path).parent)
     rank = rank_from_env()
     announce_ready(run_dir, rank)
     log_format = f"%(asctime)s rank {rank} %(name)s: %(message)s"
@@ -86,7 +88,6 @@ def main(job_path: str) -> None:
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 
-RANK_LOGS = "logs"
 _RANK_LOG: list = [None]   # this rank's log file handler, once open
 
 
@@ -94,10 +95,11 @@ def rank_log(run_dir: Path, rank: int, log_format: str) -> None:
     """This rank's log records also go to ``logs/rank-N.log`` in the run directory (`hpcsuite
     logs RUN --rank N`); every attempt of a requeued job appends to it."""
     try:
-        (run_dir / RANK_LOGS).mkdir(exist_ok=True)
-        handler = logging.FileHandler(run_dir / RANK_LOGS / f"rank-{rank}.log")
+        path = RunDir(run_dir).rank_log(rank)
+        path.parent.mkdir(exist_ok=True)
+        handler = logging.FileHandler(path)
     except OSError as e:
-        log.warning("no rank log in %s: %s", run_dir / RANK_LOGS, e.strerror)
+        log.warning("no rank log in %s: %s", RunDir(run_dir).logs, e.strerror)
         return
     handler.setFormatter(logging.Formatter(log_format))
     logging.getLogger().addHandler(handler)
@@ -122,7 +124,7 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
     the template's requeue logic reads."""
     from ..results import write_json_atomic
 
-    write_json_atomic(run_dir / f"rank-{per_rank['rank']}.json", per_rank)
+    write_json_atomic(RunDir(run_dir).rank_record(per_rank["rank"]), per_rank)
     if results is None:
         return
     from .. import slurm
@@ -141,9 +143,7 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
 def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
     """PREEMPTED ("STEP REASON") when the run stopped with a checkpoint, for the batch
     script's `hpcsuite attempt end`; removed otherwise."""
-    from ..attempts import PREEMPTED_MARKER
-
-    marker = run_dir / PREEMPTED_MARKER
+    marker = RunDir(run_dir).preempted
     if status in ("preempted", "time_limit"):
         marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
     else:
@@ -201,7 +201,7 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None)
     shutdown for ranks that are still waiting for this one."""
     head = f"hpcsuite train: rank {rank} on {hostname()} failed" + (f" in {key}" if key else "")
     first = True
-    marker = run_dir / f"{FAILED_MARKER}-attempt-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    marker = RunDir(run_dir).failed(os.environ.get("SLURM_RESTART_COUNT", "0"))
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "w") as f:
