@@ -244,12 +244,12 @@ class TensorFlowBackend(HorovodBackend):
             return loss
         return self._step(*inputs, s)[0]
 
-    def poll_start(self, values):
+    def vote_start(self, values):
         """The vote is sent with the next optimizer step (see _micro_step), not on its own."""
         self._poll = {"values": list(values)}
         return self._poll
 
-    def poll_result(self, handle):
+    def vote_result(self, handle):
         if "sent" not in handle:                # training ended before another step ran
             handle["sent"] = True
             handle["result"] = self.hvd.allreduce(self.tf.constant(handle["values"], self.tf.int32),

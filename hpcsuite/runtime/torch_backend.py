@@ -316,11 +316,11 @@ class TorchBackend(HorovodBackend):
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
 
-    def poll_start(self, values):
+    def vote_start(self, values):
         t = self.torch.tensor(values, dtype=self.torch.int32)
         return self.hvd.allreduce_async(t, op=self.hvd.Max, name="hpcsuite.poll")
 
-    def poll_result(self, handle):
+    def vote_result(self, handle):
         return [int(v) for v in self.hvd.synchronize(handle)]
 
     def gradient_sizes(self) -> list[int]:
