@@ -54,3 +54,38 @@ def test_unknown_model_lists_the_known_ones():
 
     with pytest.raises(UserError, match=r"unknown model 'resnt' \(did you mean \"resnet\"\?\)"):
         models.build("resnt", "torch", (3, 8, 8), 10)
+
+
+@pytest.mark.timeout(180)
+def test_the_session_votes_through_real_horovod_on_one_rank(tmp_path):
+    """The torch backend and script mode's collectives (over horovod.torch) both carry the
+    session's vote: a raised flag is agreed, the loss sum comes back, objects go round."""
+    import subprocess
+    import sys
+
+    probe = f"""
+import json
+import horovod.torch as hvd
+from hpcsuite.runtime.collectives import HorovodObjects
+from hpcsuite.runtime.session import Session
+from hpcsuite.runtime.signals import StopFlag
+from hpcsuite.runtime.torch_backend import TorchBackend
+from hpcsuite.spec import spec_from_dict
+
+job = spec_from_dict({{"name": "v", "output_dir": {str(tmp_path)!r}, "train": {{"batch_size": 4}}}}, "t")
+out = []
+for ranks in (TorchBackend(job), HorovodObjects(hvd)):
+    flag = StopFlag()
+    flag.raise_("USR1")
+    s = Session(job, {str(tmp_path)!r}, ranks, flag)
+    s.post_vote(1, [0.1], 0, 0.25, loss_sum=2.5)
+    v = s.read_vote()
+    out.append([v.stop, v.loss_sum, s.stopped, ranks.broadcast_object({{"a": 1}}),
+                ranks.allgather_object(3)])
+print(json.dumps(out))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=170)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[True, 2.5, True, {"a": 1}, [3]]] * 2
