@@ -6,8 +6,8 @@ Rank 0 therefore also asks Slurm once how much time the job has left, and at eac
 proposes to stop once the time left is about what a stop needs, measured: twice the longest
 checkpoint save so far (before the first: an estimate from the model's size), two vote
 intervals and two steps for the ranks to agree, and :data:`EXIT_SECONDS` to write the results
-and leave. The ranks agree through the vote they already hold (:mod:`.loop`), so every rank
-stops at the same step.
+and leave. The ranks agree through the vote they already hold, so every rank
+stops at the same step (:mod:`.session`).
 """
 
 from __future__ import annotations
