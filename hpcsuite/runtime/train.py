@@ -9,41 +9,22 @@ job in seconds instead of it waiting for a collective until the walltime.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
 
 from ..errors import UserError, count
 from ..rundir import ENV, RunDir
-from ..spec import JobSpec, spec_from_dict
+from ..spec import JobSpec
+from .job_io import hostname, load_job, write_stop_marker  # noqa: F401 (load_job: cli, preflight)
 from .signals import FLAG, announce_ready
 
 # the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
 from ..rundir import FAILED as FAILED_MARKER, LOGS as RANK_LOGS  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-
-def load_job(path: str) -> JobSpec:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object (the resolved job)")
-    return spec_from_dict(data, path)
-
-
-def hostname() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def rank_from_env() -> int:
@@ -138,16 +119,6 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
     write_stop_marker(run_dir, results.status, results.final_step)
     print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
           f"({results.samples_per_s:.1f} samples/s on {count(results.world_size, 'rank')})", flush=True)
-
-
-def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
-    """PREEMPTED ("STEP REASON") when the run stopped with a checkpoint, for the batch
-    script's `hpcsuite attempt end`; removed otherwise."""
-    marker = RunDir(run_dir).preempted
-    if status in ("preempted", "time_limit"):
-        marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
-    else:
-        marker.unlink(missing_ok=True)
 
 
 def blame_by_frames(job: JobSpec, exc: BaseException) -> str | None:
