@@ -1,16 +1,16 @@
 """Checks of a resolved job against the site before anything is submitted.
 
-``hpcsuite lint`` prints them; ``render`` and ``submit`` run them too: errors stop them,
+``hpcsuite lint`` prints them; ``render`` and ``submit`` run them too (through
+:func:`hpcsuite.runner.prepare`): errors stop them,
 warnings are printed. Every finding names the job key it is about.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from .records import Record, record
-from .errors import UserError, close_match, count
+from .errors import close_match, count
 from .profile import SiteProfile
 from .spec import JobSpec
 
@@ -128,6 +128,13 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
         out.append(Finding("warning", "train.checkpoint.every_minutes",
                            f"walltime {r.time} is shorter than one checkpoint interval "
                            f"({ck.every_minutes:g} min): no interval checkpoint will be saved"))
+    return out + partition_findings(job, profile)
+
+
+def partition_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
+    """The job against the site profile's partitions (none: nothing to check)."""
+    out: list[Finding] = []
+    r = job.resources
     if profile.partitions:
         part = profile.partitions.get(r.partition or "")
         if r.partition is None:
@@ -152,31 +159,6 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                                    f"{r.time} is longer than partition {r.partition!r} allows "
                                    f"({part.max_time})"))
     return out
-
-
-def enforce(findings: list[Finding], source: str) -> list[Finding]:
-    """Raise on errors (all of them, one line each); return the warnings."""
-    errors = [f for f in findings if f.level == "error"]
-    if errors:       # one line each, every one reading `error: FILE: key: ...`
-        raise UserError("\nerror: ".join(f"{source}: {f.key}: {f.message}" for f in errors))
-    return [f for f in findings if f.level == "warning"]
-
-
-def validate_templates(path, names: list[str], specs: list[Path], profile_path: str | None) -> list[str]:
-    """Render every template in ``names`` against every example spec; problems as strings."""
-    from .config import resolve
-    from .plan import plan
-
-    problems = []
-    for spec in specs:
-        resolved = resolve(str(spec), profile_path, ambient=False)
-        for name in names:
-            job = dataclasses.replace(resolved.job, template=name)
-            try:
-                plan(job, resolved.profile, path, resolved.locks)
-            except UserError as e:
-                problems.append(f"{e} (rendering {spec.name})")
-    return problems
 
 
 def cluster_findings(job: JobSpec, part, names: list[str] | None = None) -> list[Finding]:

@@ -94,7 +94,7 @@ def test_wait_asks_slurm_rarely_and_at_once_when_results_appear(monkeypatch, tmp
 
 
 def test_progress_line():
-    from hpcsuite.cli.commands import progress_line
+    from hpcsuite.runner.status import progress_line
 
     state = jobs.JobState("5", "RUNNING", "", None, None, "None", "0:42")
     line = progress_line(state, {"step": 120, "max_steps": 400, "epoch": 1,
@@ -105,7 +105,7 @@ def test_progress_line():
 
 
 def test_pending_reasons_explained_and_the_hopeless_ones_end_the_wait(monkeypatch):
-    from hpcsuite.cli.commands import progress_line
+    from hpcsuite.runner.status import progress_line
 
     def pending(reason, restarts=None, start="2026-11-25T10:00:00"):
         return jobs.JobState("7", "PENDING", "", None, None, reason, "0:00", restarts,

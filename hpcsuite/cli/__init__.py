@@ -87,12 +87,33 @@ class FilePath(click.Path):
         return super().convert(value, param, ctx)
 
 
-def note_no_site(resolved, spec: str) -> None:
+def note_no_site(site_profile: bool, spec: str) -> None:
     """Say once when no site profile is in force: the site's rules are then not checked."""
-    if not any(layer.name == "site" for layer in resolved.layers):
+    if not site_profile:
         click.echo(f"note: {spec}: no site profile in force (--profile, HPCSUITE_PROFILE, "
                    "$HPCSUITE_SITE_DIR/profile.yaml, /etc/hpcsuite/profile.yaml); only "
                    "hpcsuite's own checks apply", err=True)
+
+
+def echo_warnings(spec: str, warnings) -> None:
+    for warning in warnings:
+        click.echo(f"warning: {spec}: {warning.key}: {warning.message}", err=True)
+
+
+def prepare_request(spec: str, profile_path: str | None, template_dir: str | None, sets=(),
+                    against_slurm: bool = False):
+    """:func:`hpcsuite.runner.prepare`, its warnings and note printed: the request that
+    `render`, `submit` and `bench` print or submit."""
+    from ..runner import prepare
+
+    try:
+        prepared = prepare(spec, profile_path, template_dir, sets, against_slurm)
+    except UserError as e:
+        echo_warnings(spec, getattr(e, "warnings", ()))
+        raise
+    echo_warnings(spec, prepared.warnings)
+    note_no_site(prepared.site_profile, spec)   # once, beside a success: an error stays one line
+    return prepared.request
 
 
 def emit_json(data: object) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from . import FilePath, emit_json, main, profile_option, set_option
+from . import FilePath, emit_json, main, prepare_request, profile_option, set_option
 from ..errors import JobFailed, UserError, count
 
 
@@ -61,6 +61,7 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
 
     The run directory gets allreduce.json (everything, including the fits) and allreduce.csv.
     """
+    from .. import runner
     from ..runtime.allreduce_bench import DEFAULT_SIZES, NAME, job_spec, parse_sizes
     from ..spec import NAME as NAME_PATTERN, PATH, WALLTIME
 
@@ -80,7 +81,8 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
 
     spec = job_spec(sizes, nodes, tasks_per_node, output_dir, time_limit, partition, budget)
     spec_path = _write_spec(Path(output_dir) / f"{NAME}.yaml", spec)
-    done = _submit(str(spec_path), profile_path, sets)
+    # The same checks and rendering as `hpcsuite submit`.
+    done = runner.submit(prepare_request(str(spec_path), profile_path, None, sets))
     if not wait:
         if as_json:
             emit_json({"job_id": done.job_id, "run_dir": done.run_dir, "spec": str(spec_path)})
@@ -106,33 +108,32 @@ def _write_spec(path: Path, spec: dict) -> Path:
     return path
 
 
-def _submit(spec_path: str, profile_path, sets):
-    from ..plan import submit
-    from .commands import _plan          # the same checks and rendering as `hpcsuite submit`
-
-    return submit(_plan(spec_path, profile_path, None, sets))
-
-
 def _wait(job_id: str, run_dir: str, as_json: bool) -> tuple[str, dict]:
-    from .. import jobs
+    """Follow the job (a line per state) to its end; (its state, its allreduce.json)."""
+    from ..runner import FAILED, INPUT_ERROR, NEVER_STARTS, wait
     from ..runtime.allreduce_bench import REPORT
 
     t0 = time.monotonic()
+    seen = {"state": None}
 
-    def changed(state):
-        if not as_json:
-            click.echo(f"[{time.monotonic() - t0:6.1f}s] job {job_id}: {state.state}", err=True)
+    def changed(record):
+        if not as_json and record.state.state != seen["state"]:
+            seen["state"] = record.state.state
+            click.echo(f"[{time.monotonic() - t0:6.1f}s] job {job_id}: {record.state.state}",
+                       err=True)
 
-    state = jobs.wait(job_id, on_change=changed)
-    log = jobs.log_path(state) or Path(run_dir).parent / f"slurm-{job_id}.out"
-    if not state.ok:
-        raise JobFailed(f"job {job_id} ended {state.state} (exit {state.exit_code}); "
-                        f"last lines of {log}:\n{jobs.tail(log)}")
+    outcome = wait(job_id, run_dir, on_progress=changed)
+    if outcome.exit_class in (FAILED, INPUT_ERROR):
+        raise JobFailed(outcome.failure())
+    if outcome.exit_class == NEVER_STARTS:
+        raise outcome.error()
     path = Path(run_dir) / REPORT
     if not path.is_file():
+        from .. import jobs
+
         raise JobFailed(f"job {job_id} completed without writing {path}; last lines of "
-                        f"{log}:\n{jobs.tail(log)}")
-    return state.state, json.loads(path.read_text())
+                        f"{outcome.log}:\n{jobs.tail(Path(outcome.log))}")
+    return outcome.state.state, json.loads(path.read_text())
 
 
 def _seconds(s: float) -> str:
@@ -154,7 +155,7 @@ def _rate(bps: float) -> str:
 
 def _table(report: dict, job_id: str, run_dir: str) -> str:
     from ..alphabeta import MODEL, AlphaBeta, FitError
-    from ..runtime.allreduce_bench import CSV, format_size
+    from ..runtime.allreduce_bench import CSV, REPORT, format_size
 
     hosts = ", ".join(dict.fromkeys(report["hosts"]))
     lines = [f"allreduce on {count(report['world_size'], 'rank')} ({hosts}), job {job_id}; "
@@ -171,5 +172,5 @@ def _table(report: dict, job_id: str, run_dir: str) -> str:
             lines.append(f"  {label + ':':8} {AlphaBeta.from_json(report['fit'][key]).describe()}")
         except FitError as e:
             lines.append(f"  {label + ':':8} no fit: {e}")
-    lines.append(f"results: {Path(run_dir) / 'allreduce.json'}, {Path(run_dir) / CSV}")
+    lines.append(f"results: {Path(run_dir) / REPORT}, {Path(run_dir) / CSV}")
     return "\n".join(lines)

@@ -7,34 +7,13 @@ from pathlib import Path
 
 import click
 
-from . import (FilePath, emit_json, main, note_no_site, profile_option, set_option,
+from . import (FilePath, emit_json, main, prepare_request, profile_option, set_option,
                template_dir_option)
-from ..errors import JobFailed, JobInputFailed, JobPreempted, UserError
+from ..errors import UserError
+from ..rundir import RunDir
 
 spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
-
-
-def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=(),
-          against_slurm: bool = False):
-    """Resolve, lint (against Slurm's partitions too when submitting) and plan SPEC."""
-    from ..config import resolve
-    from ..plan import plan
-    from ..templating import SearchPath
-
-    from ..lint import enforce, lint, slurm_findings
-
-    r = resolve(spec, profile_path, sets)
-    findings = lint(r.job, r.profile)
-    if against_slurm and not any(f.level == "error" for f in findings):
-        findings += slurm_findings(r.job)
-    for warning in enforce(findings, spec):
-        click.echo(f"warning: {spec}: {warning.key}: {warning.message}", err=True)
-    import dataclasses
-
-    site_only = "template" in r.locks
-    request = plan(r.job, r.profile, SearchPath.default(template_dir, site_only=site_only), r.locks)
-    note_no_site(r, spec)          # once, and only beside a success: an error stays one line
-    return dataclasses.replace(request, spec=str(Path(spec).resolve()))
+_plan = prepare_request     # the name tests/test_alphabeta.py imports
 
 
 @main.command()
@@ -45,7 +24,7 @@ def _plan(spec: str, profile_path: str | None, template_dir: str | None, sets=()
 @click.option("--json", "as_json", is_flag=True, help="Print script and sbatch command as JSON.")
 def render(spec, profile_path, template_dir, sets, as_json):
     """Print the sbatch script SPEC renders to (nothing is submitted)."""
-    request = _plan(spec, profile_path, template_dir, sets)
+    request = prepare_request(spec, profile_path, template_dir, sets)
     if as_json:
         emit_json(request.to_json())
     else:
@@ -75,15 +54,13 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
     (that error first), 3 stopped early or before its time limit after a checkpoint (submit
     again to resume). Refused before sbatch: a checkpoint directory another live job writes,
     or one whose checkpoint already finished this run."""
-    import dataclasses
-
-    from ..plan import submit as do_submit
+    from .. import runner
 
     if hold and wait:
         raise click.UsageError("--hold and --wait: a held job would be waited for forever")
-    request = _plan(spec, profile_path, template_dir, sets, against_slurm=not dry_run)
+    request = prepare_request(spec, profile_path, template_dir, sets, against_slurm=not dry_run)
     if hold:
-        request = dataclasses.replace(request, sbatch_argv=[*request.sbatch_argv, "--hold"])
+        request = runner.held(request)
     if dry_run:
         if as_json:
             emit_json(request.to_json())
@@ -91,10 +68,7 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
             click.echo(request.script, nl=False)
             click.echo("# " + " ".join([*request.sbatch_argv, "<script>"]))
         return
-    from ..attempts import check_before_submit
-
-    check_before_submit(request.job, request.workdir)
-    done = do_submit(request)
+    done = runner.submit(request)
     if not wait:
         if as_json:
             emit_json({"job_id": done.job_id, "run_dir": done.run_dir})
@@ -103,98 +77,46 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
         return
     if not as_json:
         click.echo(f"submitted job {done.job_id}; run directory {done.run_dir}")
-    _wait_and_report(done.job_id, done.run_dir, timeout, as_json)
+    outcome = follow(done.job_id, done.run_dir, timeout, as_json)
+    if as_json and outcome.state is not None and outcome.exit_class != runner.NEVER_STARTS:
+        emit_json(outcome.to_json())
+    if not as_json and outcome.exit_class in (runner.COMPLETED, runner.STOPPED):
+        from ..results import summarize
+
+        click.echo(summarize(done.run_dir) if outcome.results is not None else
+                   f"job {done.job_id} completed; no results.json in {done.run_dir}")
+    if outcome.error() is not None:
+        raise outcome.error()
 
 
-def progress_line(state, progress: dict | None) -> str:
-    """One line: state, elapsed (why it waits, when pending), and the job's latest step,
-    epoch, throughput and loss."""
-    from ..jobs import explain_pending
-
-    parts = [state.state]
-    if state.elapsed:
-        parts.append(state.elapsed)
-    why = explain_pending(state)
-    if why:
-        parts.append(f"({why[0]})")
-    if progress:
-        step, total = progress.get("step"), progress.get("max_steps")
-        parts.append(f"step {step}" + (f"/{total}" if total else ""))
-        if progress.get("epoch") is not None:
-            parts.append(f"epoch {progress['epoch']}")
-        if progress.get("samples_per_s"):
-            parts.append(f"{progress['samples_per_s']:.0f} samples/s")
-        if progress.get("loss") is not None:
-            parts.append(f"loss {progress['loss']:.4f}")
-        if progress.get("attempt"):
-            parts.append(f"attempt {progress['attempt']}")
-    return " ".join(str(p) for p in parts)
-
-
-def _wait_and_report(job_id: str, run_dir: str, timeout: float | None, as_json: bool) -> None:
-    from .. import jobs
-    from ..results import RESULTS, Results, read_progress, summarize
+def follow(job_id: str, run_dir: str, timeout: float | None, as_json: bool):
+    """:func:`hpcsuite.runner.wait`, its live line shown: on a terminal one line rewritten in
+    place, else a line when the state changes or every 30 s."""
+    from ..runner import wait
 
     t0 = time.monotonic()
     stream = click.get_text_stream("stderr")
     live = not as_json and stream.isatty()
     shown = {"line": None, "at": float("-inf"), "state": None}
 
-    def show(state) -> None:
-        line = progress_line(state, read_progress(run_dir))
-        if line == shown["line"]:
+    def show(record) -> None:
+        line = record.line()
+        if as_json or line == shown["line"]:
             return
         if live:            # one line, rewritten in place
             click.echo("\r\033[K" + f"job {job_id}: {line}"[:stream_width()], nl=False, err=True)
-        elif state.state != shown["state"] or time.monotonic() - shown["at"] >= 30:
+        elif record.state.state != shown["state"] or time.monotonic() - shown["at"] >= 30:
             click.echo(f"[{time.monotonic() - t0:6.1f}s] job {job_id}: {line}", err=True)
             shown["at"] = time.monotonic()
         else:
             return
-        shown.update(line=line, state=state.state)
-
-    current = {"state": None}
-
-    def changed(state) -> None:
-        current["state"] = state
-        if not as_json:
-            show(state)
-
-    def tick() -> None:
-        if not as_json and current["state"] is not None:
-            show(current["state"])
+        shown.update(line=line, state=record.state.state)
 
     try:
-        state = jobs.wait(job_id, timeout=timeout, on_change=changed, run_dir=run_dir, on_tick=tick)
+        return wait(job_id, run_dir, timeout, on_progress=show)
     finally:
         if live and shown["line"] is not None:
             click.echo("", err=True)
-    path = Path(run_dir) / RESULTS
-    results = Results.load(path) if path.is_file() else None
-    if as_json:
-        payload = {"job_id": job_id, "state": state.state, "run_dir": run_dir}
-        if results is not None:
-            payload["results"] = results.to_json()
-        emit_json(payload)
-    if not state.ok:
-        log = jobs.log_path(state) or Path(run_dir).parent / f"slurm-{job_id}.out"
-        tail = jobs.tail(log)
-        if (state.exit_code or "").startswith("2:"):
-            # The job ended on an error hpcsuite reported (bad input, a damaged file): that
-            # one line first, and exit 2 as for any input error.
-            reported = [l for l in tail.splitlines() if l.startswith("error: ")]
-            raise JobInputFailed(f"job {job_id} ended {state.state}: "
-                                 f"{reported[0][7:] if reported else 'exit 2'}\n"
-                                 f"last lines of {log}:\n{tail}")
-        raise JobFailed(f"job {job_id} ended {state.state} (exit {state.exit_code}); "
-                        f"last lines of {log}:\n{tail}")
-    if not as_json:
-        click.echo(summarize(run_dir) if results is not None else
-                   f"job {job_id} completed; no results.json in {run_dir}")
-    if results is not None and results.status in ("preempted", "time_limit"):
-        why = "before its time limit" if results.status == "time_limit" else "early"
-        raise JobPreempted(f"job {job_id} stopped {why} after saving a checkpoint at step "
-                           f"{results.final_step}; submit the same spec again to resume")
 
 
 def stream_width() -> int:
@@ -224,91 +146,13 @@ def status(run, as_json):
     directory the latest step, epoch, throughput and loss (while it runs) or the results (when
     it has finished), what stopped it, and its attempts (a requeued job: how many were
     preempted or stopped at the time limit, how many failed, how the last one ended)."""
-    from .. import attempts, jobs
-    from ..results import RESULTS, Results, read_progress
+    from ..runner import describe
 
-    from .. import registry
-
-    job_id, entry = _find_run(run)
-    state = jobs.query(job_id)
-    if entry is None and state.workdir:     # a job id from elsewhere: where it was submitted
-        try:
-            entry = registry.find(state.workdir, job_id)
-        except (UserError, OSError):
-            entry = None                    # not ours to read: Slurm's view alone
-    run_dir = _run_dir_of(entry)
-    progress = read_progress(run_dir) if run_dir else None
-    results = None
-    if run_dir and (run_dir / RESULTS).is_file():
-        results = Results.load(run_dir / RESULTS)
-    records = attempts.read_records(run_dir) if run_dir else []
-    job_spec = _job_of(run_dir) if run_dir and (run_dir / "job.json").is_file() else None
+    record = describe(run)
     if as_json:
-        payload = {**state.to_json(), "run_dir": str(run_dir) if run_dir else None,
-                   "progress": progress, "name": (entry or {}).get("name")}
-        if results is not None:
-            payload["results"] = {"status": results.status, "final_step": results.final_step,
-                                  "samples_per_s": results.samples_per_s,
-                                  "attempt": results.attempt, "stop": results.stop,
-                                  "attempts": results.attempts, "history": results.history}
-        c = attempts.counts(records)
-        payload["attempts"] = {"records": records, "count": c.attempts, "completed": c.completed,
-                               "preempted": c.preempted, "failed": c.failed}
-        emit_json(payload)
-        return
-    name = f" ({entry['name']})" if entry and entry.get("name") else ""
-    click.echo(f"job {state.job_id}{name}: {progress_line(state, progress)}")
-    details = [f"exit {state.exit_code}" if state.exit_code else None,
-               f"requeued {state.restarts} time(s)" if state.restarts else None,
-               f"MaxRSS {state.max_rss}" if state.max_rss else None,
-               f"from {state.source}"]
-    click.echo("  " + ", ".join(d for d in details if d))
-    if results is not None:
-        click.echo(f"  results: {results.status} at step {results.final_step}, "
-                   f"{results.samples_per_s:.1f} samples/s, attempt {results.attempt}")
-        if results.stop:
-            from ..results import describe_stop
-            click.echo(f"  stopped: {describe_stop(results)}")
-        if len(results.attempts or []) > 1:
-            from ..results import describe_run
-            click.echo(f"  whole run: {describe_run(results)}")
-    if records:
-        click.echo(f"  attempts: {attempts.counts(records).describe()}; last: "
-                   f"{_describe_record(records[-1])}")
-    if state.state == "TIMEOUT" and job_spec is not None:
-        click.echo(f"  reached its time limit without stopping first; {_last_checkpoint(job_spec, run_dir)}")
-    if run_dir:
-        click.echo(f"  run directory: {run_dir}")
-
-
-def _job_of(run_dir: Path):
-    from ..runtime.train import load_job
-
-    return load_job(str(run_dir / "job.json"))
-
-
-def _describe_record(r: dict) -> str:
-    text = f"attempt {r['attempt']} {r['outcome']}"
-    if r.get("step") is not None:
-        text += f" at step {r['step']}"
-    if r.get("exit"):
-        text += f" (exit {r['exit']})"
-    if r.get("why"):
-        text += f" ({r['why']})"
-    if r.get("requeued"):
-        text += ", requeued"
-    return text
-
-
-def _last_checkpoint(job, run_dir: Path) -> str:
-    from ..attempts import checkpoint_root, newest_checkpoint
-
-    if not job.train.checkpoint.enabled:
-        return "checkpoints are off: its work is lost"
-    newest = newest_checkpoint(checkpoint_root(job, run_dir))
-    if newest is None:
-        return "no checkpoint was saved"
-    return f"the last checkpoint is step {newest[1].get('step')} ({newest[0]}); submit again to resume"
+        emit_json(record.to_json())
+    else:
+        click.echo("\n".join(record.lines()))
 
 
 @main.command()
@@ -321,26 +165,11 @@ def runs(as_json, last):
     The registry is .hpcsuite/runs.jsonl here; states, exit codes and MaxRSS come from one
     sacct call for all the runs where the cluster keeps accounting, else from one squeue call
     (and Slurm's job completion records for the jobs the controller has forgotten)."""
-    from .. import jobs, registry
-    from ..results import read_progress
+    from .. import registry
+    from ..runner import describe_many
 
     entries = registry.load(Path.cwd())
-    if last:
-        entries = entries[-last:]
-    states = jobs.query_many([e["job_id"] for e in entries]) if entries else {}
-    rows = []
-    for e in entries:
-        state = states.get(e["job_id"])
-        progress = read_progress(e["run_dir"])
-        rows.append({"job_id": e["job_id"], "name": e.get("name"),
-                     "state": state.state if state else "UNKNOWN",
-                     "elapsed": state.elapsed if state else None,
-                     "exit_code": state.exit_code if state else None,
-                     "max_rss": state.max_rss if state else None,
-                     "restarts": state.restarts if state else None,
-                     "source": state.source if state else None,
-                     "step": (progress or {}).get("step"), "submitted_at": e.get("submitted_at"),
-                     "run_dir": e["run_dir"], "spec": e.get("spec"), "git": e.get("git")})
+    rows = [r.row() for r in describe_many(entries[-last:] if last else entries)]
     if as_json:
         emit_json(rows)
         return
@@ -374,11 +203,11 @@ def logs(run, lines, follow, rank):
         if run_dir is None:
             raise UserError(f"job {job_id}: no run directory known for --rank (not submitted from "
                             "here); give its run directory")
-        path = run_dir / "logs" / f"rank-{rank}.log"
+        path = RunDir(run_dir).rank_log(rank)
     else:
         path = jobs.log_path(state)
         if path is None and run_dir is not None:
-            path = run_dir.parent / f"slurm-{job_id}.out"
+            path = RunDir(run_dir).slurm_log(job_id)
     if not follow and (path is None or not path.is_file()):
         raise UserError(f"job {job_id} has no output file yet ({path or 'unknown path'})")
     offset = 0
@@ -504,7 +333,7 @@ def attempt():
 def _attempt_job(run_dir: str):
     from ..runtime.train import load_job
 
-    return load_job(str(Path(run_dir) / "job.json"))
+    return load_job(str(RunDir(run_dir).job))
 
 
 @attempt.command("begin")

@@ -88,7 +88,7 @@ def validate(directory, profile_path):
     Problems are printed as FILE:LINE: message; the exit code is 2 when there are any.
     """
     from ..golden import PROFILE, example_specs, examples_dir
-    from ..lint import validate_templates
+    from ..runner import validate_templates
     from ..templating import SUFFIX
 
     path = _path(directory)
@@ -125,11 +125,14 @@ def lint(spec, profile_path, sets, against_slurm, build):
     Every finding is one line, `error: SPEC: key: ...` or `warning: SPEC: key: ...` (render and
     submit run the same checks; submit also asks Slurm)."""
     from ..config import resolve
-    from ..lint import build_findings, lint as run_lint, slurm_findings
+    from ..lint import build_findings
+    from ..runner import check
 
     r = resolve(spec, profile_path, sets)
-    findings = run_lint(r.job, r.profile)
+    findings = check(r)
     if against_slurm is not False:
+        from ..lint import slurm_findings
+
         try:
             findings += slurm_findings(r.job)
         except UserError as e:
@@ -142,7 +145,6 @@ def lint(spec, profile_path, sets, against_slurm, build):
         click.echo(f"{f.level}: {spec}: {f.key}: {f.message}", err=True)
     if any(f.level == "error" for f in findings):
         raise click.exceptions.Exit(UserError.exit_code)
-    note_no_site(r, spec)          # once, and only beside a success: errors stay one line each
+    note_no_site(any(layer.name == "site" for layer in r.layers), spec)   # beside a success only
     if not findings:
         click.echo(f"{spec}: ok" + (" (data, model and loss built)" if build else ""))
-

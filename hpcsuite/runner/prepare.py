@@ -1,0 +1,108 @@
+"""prepare and submit: a spec resolved, linted and planned into a BatchRequest, which
+submit hands to sbatch after the checks that need the file system."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from pathlib import Path
+
+from ..errors import UserError
+from ..lint import Finding
+from ..plan import BatchRequest, Submitted
+from ..records import Record, record
+
+
+class LintFailed(UserError):
+    """The spec breaks a rule (one line per error, ``FILE: key: message``); ``errors`` and
+    ``warnings`` are the findings, for a caller that words them otherwise (a study point)."""
+
+    def __init__(self, source: str, errors: list[Finding], warnings: list[Finding]):
+        self.errors, self.warnings = errors, warnings
+        super().__init__("\nerror: ".join(f"{source}: {f.key}: {f.message}" for f in errors))
+
+
+@record
+class Prepared(Record):
+    """A planned job: the request, the warnings its lint found, and whether a site profile
+    was in force (when not, only hpcsuite's own checks applied)."""
+
+    request: BatchRequest
+    warnings: list = field(default_factory=list)
+    site_profile: bool = True
+
+
+def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
+    """Every finding about a resolved job; Slurm is asked only when nothing else is wrong."""
+    from ..lint import lint, slurm_findings
+
+    findings = lint(resolved.job, resolved.profile, base)
+    if against_slurm and not any(f.level == "error" for f in findings):
+        findings += slurm_findings(resolved.job)
+    return findings
+
+
+def prepare(spec: str, profile_path: str | None = None, template_dir: str | None = None,
+            sets=(), against_slurm: bool = False, cwd: Path | None = None) -> Prepared:
+    """Resolve, lint and plan SPEC. ``cwd``: the directory the spec's relative paths and the
+    job's submission start from (default: here). Raises :class:`LintFailed` on errors; a
+    UserError raised by planning carries the lint's ``warnings`` too."""
+    from ..config import resolve
+    from ..plan import plan
+    from ..templating import SearchPath
+
+    r = resolve(spec, profile_path, sets, **({"cwd": cwd} if cwd is not None else {}))
+    findings = check(r, cwd, against_slurm)
+    warnings = [f for f in findings if f.level == "warning"]
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise LintFailed(spec, errors, warnings)
+    try:
+        path = SearchPath.default(template_dir, site_only="template" in r.locks)
+        request = plan(r.job, r.profile, path, r.locks)
+    except UserError as e:
+        e.warnings = warnings
+        raise
+    request = dataclasses.replace(request, spec=str(Path(spec).resolve()),
+                                  **({"workdir": str(cwd)} if cwd is not None else {}))
+    return Prepared(request=request, warnings=warnings,
+                    site_profile=any(layer.name == "site" for layer in r.layers))
+
+
+def validate_templates(path, names: list[str], specs: list[Path],
+                       profile_path: str | None) -> list[str]:
+    """Render every template in ``names`` against every example spec; problems as strings."""
+    from ..config import resolve
+    from ..plan import plan
+
+    problems = []
+    for spec in specs:
+        resolved = resolve(str(spec), profile_path, ambient=False)
+        for name in names:
+            job = dataclasses.replace(resolved.job, template=name)
+            try:
+                plan(job, resolved.profile, path, resolved.locks)
+            except UserError as e:
+                problems.append(f"{e} (rendering {spec.name})")
+    return problems
+
+
+# ---------------------------------------------------------------------- submit
+
+def held(request: BatchRequest) -> BatchRequest:
+    """The request submitted held: it starts after ``scontrol release JOBID``."""
+    if "--hold" in request.sbatch_argv:
+        return request
+    return dataclasses.replace(request, sbatch_argv=[*request.sbatch_argv, "--hold"])
+
+
+def submit(request: BatchRequest, hold: bool = False) -> Submitted:
+    """Refuse before sbatch what would go wrong in the job (a checkpoint directory another
+    live job writes, or one whose run has finished), then write the script and call sbatch."""
+    from ..attempts import check_before_submit
+    from ..plan import submit as sbatch
+
+    check_before_submit(request.job, request.workdir)
+    return sbatch(held(request) if hold else request)
+
+

@@ -1,0 +1,184 @@
+"""describe: one StatusRecord of a run, the one thing ``status`` (text and ``--json``),
+``runs`` and ``submit --wait``'s live line print."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from pathlib import Path
+
+from ..errors import UserError
+from ..records import Record, record
+from ..rundir import RunDir
+
+
+def progress_line(state, progress: dict | None) -> str:
+    """One line: state, elapsed (why it waits, when pending), and the job's latest step,
+    epoch, throughput and loss."""
+    from ..jobs import explain_pending
+
+    parts = [state.state]
+    if state.elapsed:
+        parts.append(state.elapsed)
+    why = explain_pending(state)
+    if why:
+        parts.append(f"({why[0]})")
+    if progress:
+        step, total = progress.get("step"), progress.get("max_steps")
+        parts.append(f"step {step}" + (f"/{total}" if total else ""))
+        if progress.get("epoch") is not None:
+            parts.append(f"epoch {progress['epoch']}")
+        if progress.get("samples_per_s"):
+            parts.append(f"{progress['samples_per_s']:.0f} samples/s")
+        if progress.get("loss") is not None:
+            parts.append(f"loss {progress['loss']:.4f}")
+        if progress.get("attempt"):
+            parts.append(f"attempt {progress['attempt']}")
+    return " ".join(str(p) for p in parts)
+
+
+def describe_record(r: dict) -> str:
+    """One attempt record (attempts.jsonl) in words."""
+    text = f"attempt {r['attempt']} {r['outcome']}"
+    if r.get("step") is not None:
+        text += f" at step {r['step']}"
+    if r.get("exit"):
+        text += f" (exit {r['exit']})"
+    if r.get("why"):
+        text += f" ({r['why']})"
+    if r.get("requeued"):
+        text += ", requeued"
+    return text
+
+
+@record
+class StatusRecord(Record):
+    """A run as Slurm and its run directory show it now."""
+
+    job_id: str
+    state: object = None               # JobState; None: Slurm was not asked or forgot it
+    entry: dict | None = None          # the registry's entry (name, spec, git, submitted_at)
+    run_dir: Path | None = None
+    progress: dict | None = None       # progress.json: the latest step, loss, throughput
+    results: object = None             # Results, once results.json is written
+    records: list = field(default_factory=list)     # attempts.jsonl
+    timeout_note: str | None = None    # a TIMEOUT: what was lost, what resumes
+
+    @classmethod
+    def live(cls, state, run_dir: str | Path | None) -> "StatusRecord":
+        """State and progress only: what a job being followed shows every second."""
+        from ..results import read_progress
+
+        return cls(job_id=state.job_id, state=state, run_dir=Path(run_dir) if run_dir else None,
+                   progress=read_progress(run_dir) if run_dir else None)
+
+    @property
+    def name(self) -> str | None:
+        return (self.entry or {}).get("name")
+
+    def line(self) -> str:
+        return progress_line(self.state, self.progress)
+
+    def to_json(self) -> dict:
+        """`status --json`."""
+        from .. import attempts
+
+        payload = {**self.state.to_json(), "run_dir": str(self.run_dir) if self.run_dir else None,
+                   "progress": self.progress, "name": self.name}
+        r = self.results
+        if r is not None:
+            payload["results"] = {"status": r.status, "final_step": r.final_step,
+                                  "samples_per_s": r.samples_per_s, "attempt": r.attempt,
+                                  "stop": r.stop, "attempts": r.attempts, "history": r.history}
+        c = attempts.counts(self.records)
+        payload["attempts"] = {"records": self.records, "count": c.attempts,
+                               "completed": c.completed, "preempted": c.preempted,
+                               "failed": c.failed}
+        return payload
+
+    def lines(self) -> list[str]:
+        """`status` as text."""
+        from .. import attempts
+        from ..results import describe_run, describe_stop
+
+        s, r = self.state, self.results
+        name = f" ({self.name})" if self.name else ""
+        out = [f"job {s.job_id}{name}: {self.line()}"]
+        details = [f"exit {s.exit_code}" if s.exit_code else None,
+                   f"requeued {s.restarts} time(s)" if s.restarts else None,
+                   f"MaxRSS {s.max_rss}" if s.max_rss else None, f"from {s.source}"]
+        out.append("  " + ", ".join(d for d in details if d))
+        if r is not None:
+            out.append(f"  results: {r.status} at step {r.final_step}, "
+                       f"{r.samples_per_s:.1f} samples/s, attempt {r.attempt}")
+            if r.stop:
+                out.append(f"  stopped: {describe_stop(r)}")
+            if len(r.attempts or []) > 1:
+                out.append(f"  whole run: {describe_run(r)}")
+        if self.records:
+            out.append(f"  attempts: {attempts.counts(self.records).describe()}; last: "
+                       f"{describe_record(self.records[-1])}")
+        if self.timeout_note:
+            out.append(f"  reached its time limit without stopping first; {self.timeout_note}")
+        if self.run_dir:
+            out.append(f"  run directory: {self.run_dir}")
+        return out
+
+    def row(self) -> dict:
+        """One row of `runs` (and `runs --json`)."""
+        s, e = self.state, self.entry or {}
+        return {"job_id": self.job_id, "name": e.get("name"),
+                "state": s.state if s else "UNKNOWN",
+                "elapsed": s.elapsed if s else None, "exit_code": s.exit_code if s else None,
+                "max_rss": s.max_rss if s else None, "restarts": s.restarts if s else None,
+                "source": s.source if s else None, "step": (self.progress or {}).get("step"),
+                "submitted_at": e.get("submitted_at"), "run_dir": e["run_dir"],
+                "spec": e.get("spec"), "git": e.get("git")}
+
+
+def _last_checkpoint(run_dir: Path) -> str:
+    from ..attempts import checkpoint_root, newest_checkpoint
+    from ..runtime.train import load_job
+
+    job = load_job(str(RunDir(run_dir).job))
+    if not job.train.checkpoint.enabled:
+        return "checkpoints are off: its work is lost"
+    newest = newest_checkpoint(checkpoint_root(job, run_dir))
+    if newest is None:
+        return "no checkpoint was saved"
+    return f"the last checkpoint is step {newest[1].get('step')} ({newest[0]}); submit again to resume"
+
+
+def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
+    """RUN (a job id, a run directory, or a job name: its latest run in the registry of
+    ``workdir``, here by default) as Slurm and its run directory show it now. A job id
+    submitted elsewhere is looked up in the registry of the directory Slurm says it came from."""
+    from .. import attempts, jobs, registry
+    from ..results import Results, read_progress
+
+    job_id, entry = registry.locate(Path(workdir or Path.cwd()), run)
+    state = jobs.query(job_id)
+    if entry is None and state.workdir:     # a job id from elsewhere: where it was submitted
+        try:
+            entry = registry.find(state.workdir, job_id)
+        except (UserError, OSError):
+            entry = None                    # not ours to read: Slurm's view alone
+    run_dir = Path(entry["run_dir"]) if entry and entry.get("run_dir") else None
+    rd = RunDir(run_dir) if run_dir else None
+    return StatusRecord(
+        job_id=job_id, state=state, entry=entry, run_dir=run_dir,
+        progress=read_progress(run_dir) if run_dir else None,
+        results=Results.load(rd.results) if rd and rd.results.is_file() else None,
+        records=attempts.read_records(run_dir) if run_dir else [],
+        timeout_note=_last_checkpoint(run_dir) if state.state == "TIMEOUT" and rd
+        and rd.job.is_file() else None)
+
+
+def describe_many(entries: list[dict]) -> list[StatusRecord]:
+    """The registry's entries as Slurm knows them now: one query for all of them."""
+    from .. import jobs
+    from ..results import read_progress
+
+    states = jobs.query_many([e["job_id"] for e in entries]) if entries else {}
+    return [StatusRecord(job_id=e["job_id"], state=states.get(e["job_id"]), entry=e,
+                         run_dir=Path(e["run_dir"]), progress=read_progress(e["run_dir"]))
+            for e in entries]

@@ -1,0 +1,103 @@
+"""wait: a submitted job followed to its end, as one Outcome."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import JobFailed, JobInputFailed, JobPreempted
+from ..records import Record, record
+from ..rundir import RunDir
+from .status import StatusRecord
+
+# How a followed job ended, and the exit code a command gives each.
+COMPLETED, FAILED, INPUT_ERROR, STOPPED, NEVER_STARTS = (
+    "completed", "failed", "input_error", "stopped", "never_starts")
+EXIT_CODES = {COMPLETED: 0, FAILED: 1, INPUT_ERROR: 2, NEVER_STARTS: 2, STOPPED: 3}
+
+
+@record
+class Outcome(Record):
+    """How a followed job ended."""
+
+    job_id: str
+    run_dir: str
+    exit_class: str                    # completed | failed | input_error | stopped | never_starts
+    state: object = None               # the last JobState (None: it never started)
+    results: object = None             # Results, when the run directory has results.json
+    log: str | None = None             # Slurm's log of the batch script
+    tail: str = ""                     # its last lines, when the job failed
+    message: str = ""                  # never_starts: why
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.exit_class]
+
+    def to_json(self) -> dict:
+        payload = {"job_id": self.job_id, "state": self.state.state, "run_dir": self.run_dir}
+        if self.results is not None:
+            payload["results"] = self.results.to_json()
+        return payload
+
+    def failure(self) -> str:
+        """The job's end and its log, in one message."""
+        return (f"job {self.job_id} ended {self.state.state} (exit {self.state.exit_code}); "
+                f"last lines of {self.log}:\n{self.tail}")
+
+    def error(self) -> Exception | None:
+        """The exception a command ends with (its exit code is the outcome's), or None."""
+        if self.exit_class == NEVER_STARTS:
+            from ..jobs import NeverStarts
+
+            return NeverStarts(self.message)
+        if self.exit_class == INPUT_ERROR:
+            # The job ended on an error hpcsuite reported (bad input, a damaged file): that
+            # one line first, and exit 2 as for any input error.
+            reported = [l for l in self.tail.splitlines() if l.startswith("error: ")]
+            return JobInputFailed(f"job {self.job_id} ended {self.state.state}: "
+                                  f"{reported[0][7:] if reported else 'exit 2'}\n"
+                                  f"last lines of {self.log}:\n{self.tail}")
+        if self.exit_class == FAILED:
+            return JobFailed(self.failure())
+        if self.exit_class == STOPPED:
+            r = self.results
+            why = "before its time limit" if r.status == "time_limit" else "early"
+            return JobPreempted(f"job {self.job_id} stopped {why} after saving a checkpoint at "
+                                f"step {r.final_step}; submit the same spec again to resume")
+        return None
+
+
+def wait(job_id: str, run_dir: str, timeout: float | None = None,
+         on_progress: Callable[[StatusRecord], None] | None = None) -> Outcome:
+    """Follow ``job_id`` to its end. ``on_progress(record)`` when its state changes and about
+    every second after (state and the run directory's latest progress: the live line).
+    Giving up after ``timeout`` seconds is a UserError; the job goes on."""
+    from .. import jobs
+    from ..results import Results
+
+    current = {"state": None}
+
+    def changed(state) -> None:
+        current["state"] = state
+        if on_progress:
+            on_progress(StatusRecord.live(state, run_dir))
+
+    def tick() -> None:
+        if on_progress and current["state"] is not None:
+            on_progress(StatusRecord.live(current["state"], run_dir))
+
+    try:
+        state = jobs.wait(job_id, timeout=timeout, on_change=changed, run_dir=run_dir,
+                          on_tick=tick)
+    except jobs.NeverStarts as e:
+        return Outcome(job_id=job_id, run_dir=run_dir, exit_class=NEVER_STARTS,
+                       state=current["state"], message=str(e))
+    rd = RunDir(run_dir)
+    results = Results.load(rd.results) if rd.results.is_file() else None
+    log = jobs.log_path(state) or rd.slurm_log(job_id)
+    if not state.ok:
+        failed = INPUT_ERROR if (state.exit_code or "").startswith("2:") else FAILED
+        return Outcome(job_id=job_id, run_dir=run_dir, exit_class=failed, state=state,
+                       results=results, log=str(log), tail=jobs.tail(log))
+    stopped = results is not None and results.status in ("preempted", "time_limit")
+    return Outcome(job_id=job_id, run_dir=run_dir, exit_class=STOPPED if stopped else COMPLETED,
+                   state=state, results=results, log=str(log))
