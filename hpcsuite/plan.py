@@ -19,25 +19,12 @@ from .templating import SearchPath, render
 
 # Horovod reads these at hvd.init(); the template exports them for every rank.
 def horovod_environment(job: JobSpec) -> dict[str, str]:
-    h = job.train.horovod
-    env = {
-        "HOROVOD_FUSION_THRESHOLD": str(h.fusion_threshold_mb * 1024 * 1024),
-        "HOROVOD_CYCLE_TIME": f"{h.cycle_time_ms:g}",
-    }
-    if h.stall_check_seconds:
-        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(h.stall_check_seconds)
-    else:
-        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
-    if h.stall_shutdown_seconds:
-        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(h.stall_shutdown_seconds)
-    if h.timeline:
-        env["HOROVOD_TIMELINE"] = Raw(rundir.in_shell(rundir.HOROVOD_TIMELINE))
-    elif job.train.monitor.timeline_steps:
-        env["HOROVOD_TIMELINE"] = "DYNAMIC"      # started and stopped from Python for a window
-    if h.autotune:
-        env["HOROVOD_AUTOTUNE"] = "1"
-        env["HOROVOD_AUTOTUNE_LOG"] = Raw(rundir.in_shell(rundir.HOROVOD_AUTOTUNE_LOG))
-    return env
+    """The HOROVOD_* variables of train.horovod, from the one table (:mod:`hpcsuite.knobs`)."""
+    from .knobs import environment
+
+    files = {"timeline": Raw('"$RUN_DIR/horovod-timeline.json"'),
+             "autotune_log": Raw('"$RUN_DIR/horovod-autotune.csv"')}
+    return environment(job.train.horovod, files, bool(job.train.monitor.timeline_steps))
 
 
 def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:

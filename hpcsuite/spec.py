@@ -6,6 +6,7 @@ import json
 from dataclasses import field
 from typing import Any, Literal, Optional, Union
 
+from . import knobs as _knobs
 from .records import Record, record
 from .schema import build, read_yaml, to_dict
 
@@ -52,15 +53,8 @@ PY_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 USER_REF = rf"(?:{PY_FILE}|{PY_MODULE}):[A-Za-z_][A-Za-z0-9_]*"
 USER_REF_HELP = "FILE.py:function or package.module:function"
 
-# Horovod variables the template derives from train.horovod (see plan.horovod_environment).
-HOROVOD_KNOBS = {
-    "HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms",
-    "HOROVOD_STALL_CHECK_TIME_SECONDS": "stall_check_seconds",
-    "HOROVOD_STALL_CHECK_DISABLE": "stall_check_seconds",
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "stall_shutdown_seconds",
-    "HOROVOD_TIMELINE": "timeline", "HOROVOD_AUTOTUNE": "autotune",
-    "HOROVOD_AUTOTUNE_LOG": "autotune",
-}
+# Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.knobs).
+HOROVOD_KNOBS = _knobs.BY_ENV
 # Variables bash gives meaning to (exporting them changes how the batch script itself runs).
 SHELL_VARS = frozenset(
     "SHELLOPTS BASHOPTS UID EUID PPID BASHPID IFS PS4 ENV CDPATH GLOBIGNORE POSIXLY_CORRECT "
@@ -257,18 +251,23 @@ class Data(Record):
 
 @record
 class HorovodKnobs(Record):
-    """Rendered as HOROVOD_* variables for every rank by the template (not set from Python)."""
-    compression: Literal["none", "fp16"] = "none"
-    op: Literal["average", "adasum"] = "average"
-    fusion_threshold_mb: int = field(default=64, metadata=_m(min=0, max=4096))
-    cycle_time_ms: float = field(default=1.0, metadata=_m(min=0.0, max=10000.0))
-    stall_check_seconds: int = field(default=60, metadata=_m(
+    """Rendered as HOROVOD_* variables for every rank by the template (not set from Python);
+    names, defaults and variables: :data:`hpcsuite.knobs.KNOBS`."""
+    compression: Literal["none", "fp16"] = _knobs.default("compression")
+    op: Literal["average", "adasum"] = _knobs.default("op")
+    fusion_threshold_mb: int = field(default=_knobs.default("fusion_threshold_mb"),
+                                     metadata=_m(min=0, max=4096))
+    cycle_time_ms: float = field(default=_knobs.default("cycle_time_ms"),
+                                 metadata=_m(min=0.0, max=10000.0))
+    stall_check_seconds: int = field(default=_knobs.default("stall_check_seconds"), metadata=_m(
         "warn when ranks wait on each other this long (0 disables the check)", min=0))
-    stall_shutdown_seconds: int = field(default=120, metadata=_m(
+    stall_shutdown_seconds: int = field(default=_knobs.default("stall_shutdown_seconds"), metadata=_m(
         "abort the job when a stall lasts this long, e.g. after a dead rank (0: never)", min=0))
-    timeline: bool = field(default=False, metadata=_m("write a Horovod timeline to the run directory"))
-    autotune: bool = field(default=False, metadata=_m("let Horovod tune fusion and cycle time"))
-    allreduce: bool = field(default=True, metadata=_m(
+    timeline: bool = field(default=_knobs.default("timeline"), metadata=_m(
+        "write a Horovod timeline to the run directory"))
+    autotune: bool = field(default=_knobs.default("autotune"), metadata=_m(
+        "let Horovod tune fusion and cycle time"))
+    allreduce: bool = field(default=_knobs.default("allreduce"), metadata=_m(
         "false: skip the gradient allreduce, each rank trains its own replica (benchmarks only: "
         "the no-communication limit a scaling study compares with)"))
 

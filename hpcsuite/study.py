@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from . import registry
 from .errors import ConfigError, UserError, show
+from .knobs import SWEEPABLE
 from .records import Record, record
 from .schema import build, read_yaml
 from .spec import PATH, PATH_HELP, JobSpec
@@ -57,7 +58,7 @@ AXES = {
     "precision": "train.precision",
     "grad_accumulation": "train.grad_accumulation",
 }
-HOROVOD_AXES = ("compression", "op", "fusion_threshold_mb", "cycle_time_ms", "autotune")
+HOROVOD_AXES = SWEEPABLE      # horovod.<knob>: the knobs hpcsuite.knobs marks sweepable
 # The axes that say where a point runs; the others make a series.
 PLACEMENT = ("nodes", "tasks_per_node")
 
@@ -78,7 +79,7 @@ class Study(Record):
         "split over the ranks"))
     axes: dict[str, list[Any]] = field(default_factory=dict, metadata=_m(
         "what to sweep: nodes, tasks_per_node, batch_size, precision, grad_accumulation, "
-        "horovod.<knob> (compression, op, fusion_threshold_mb, cycle_time_ms, autotune)"))
+        f"horovod.<knob> ({', '.join(SWEEPABLE)})"))
     repeats: int = field(default=2, metadata=_m("jobs per point", min=1, max=50))
     warmup_steps: int = field(default=10, metadata=_m("steps left out of the timing", min=0,
                                                       max=100000))
@@ -240,68 +241,38 @@ class StudyDir:
             raise UserError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
 
 
-ALLREDUCE_SCRIPT = Path(__file__).resolve().parent / "runtime" / "allreduce_bench.py"
-
-
-def allreduce_spec(name: str, output_dir: str, nodes: int, tasks_per_node: int,
-                   base: JobSpec | None = None) -> dict:
-    """The job spec of an allreduce benchmark (script mode, hpcsuite's own rank program), on
-    the base job's partition, walltime and environment when there is one."""
-    spec: dict[str, Any] = {
-        "name": name, "output_dir": output_dir,
-        "resources": {"nodes": int(nodes), "tasks_per_node": int(tasks_per_node)},
-        "train": {"backend": "torch", "script": str(ALLREDUCE_SCRIPT),
-                  "checkpoint": {"every_steps": 0, "every_minutes": 0, "resume": False}},
-    }
-    if base is not None:
-        r = base.resources
-        spec["resources"].update(time=r.time, cpus_per_task=r.cpus_per_task)
-        for key in ("partition", "mem"):
-            if getattr(r, key):
-                spec["resources"][key] = getattr(r, key)
-        if base.env:
-            spec["env"] = dict(base.env)
-        spec["launcher"] = base.launcher
-    return spec
-
-
 def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, point: Point,
-                   profile_path: str | None, from_bundle: bool, against_slurm: bool = False):
-    """Resolve, lint and render one point; (JobSpec, BatchRequest). Raises UserError.
+                  profile_path: str | None, from_bundle: bool, against_slurm: bool = False):
+    """Resolve, lint and render one point (:func:`hpcsuite.runner.prepare`); (JobSpec,
+    BatchRequest). Raises UserError.
 
     At planning the point is the base spec with the point's --set assignments; from the
     bundle it is the point's resolved job.yaml (so a re-run is the same job whatever the
     user's and project's profiles say), with the output directory of this study directory.
-    An allreduce benchmark is always built afresh: it runs hpcsuite's installed rank program.
-    ``against_slurm``: also refuse what Slurm's partition can never give the point."""
+    An allreduce benchmark is always built afresh (:func:`hpcsuite.runtime.allreduce_bench.
+    job_spec`): it runs hpcsuite's installed rank program. ``against_slurm``: also refuse what
+    Slurm's partition can never give the point."""
     import yaml
 
-    from .config import resolve
-    from .lint import lint, slurm_findings
-    from .plan import plan
-    from .templating import SearchPath
+    from .runner import LintFailed, prepare
+    from .runtime.allreduce_bench import job_spec
 
     if point.kind == "allreduce":
         spec_path = sd.path / "points" / point.id / "allreduce.yaml"
         spec_path.parent.mkdir(parents=True, exist_ok=True)
-        spec_path.write_text(yaml.safe_dump(allreduce_spec(
-            point.job_name, str(sd.runs), point.axes["nodes"], point.axes["tasks_per_node"], base),
-            sort_keys=False))
+        spec_path.write_text(yaml.safe_dump(job_spec(
+            None, point.axes["nodes"], point.axes["tasks_per_node"], str(sd.runs),
+            budget_s=None, name=point.job_name, base=base), sort_keys=False))
         spec, sets = str(spec_path), []
     elif from_bundle:
         spec, sets = str(sd.point_spec(point)), [f"output_dir={json.dumps(str(sd.runs))}"]
     else:
         spec, sets = str(base_spec), point_sets(study, base, point, str(sd.runs))
-    r = resolve(spec, profile_path, sets, cwd=base_spec.parent)
-    findings = lint(r.job, r.profile, base_spec.parent)
-    if against_slurm and not any(f.level == "error" for f in findings):
-        findings += slurm_findings(r.job)
-    errors = [f"{f.key}: {f.message}" for f in findings if f.level == "error"]
-    if errors:
-        raise UserError("; ".join(errors))
-    request = plan(r.job, r.profile, SearchPath.default(None, site_only="template" in r.locks),
-                   r.locks)
-    return r.job, dataclasses.replace(request, workdir=str(base_spec.parent))
+    try:
+        prepared = prepare(spec, profile_path, None, sets, against_slurm, cwd=base_spec.parent)
+    except LintFailed as e:
+        raise UserError("; ".join(f"{f.key}: {f.message}" for f in e.errors)) from None
+    return prepared.request.job, prepared.request
 
 
 def create(study_path: str, directory: str | None, profile_path: str | None,

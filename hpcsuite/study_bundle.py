@@ -8,13 +8,21 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import UserError
 
 if TYPE_CHECKING:
     from .spec import JobSpec
-    from .study import StudyDir
+
+
+class Bundled(Protocol):
+    """What this module needs of a study directory (:class:`hpcsuite.study.StudyDir`, which
+    imports this module: naming it here would make the two import each other)."""
+
+    path: Path
+
+    def bundle(self) -> dict: ...
 
 STUDY_FILE = "study.yaml"
 POINTS_FILE = "points.json"
@@ -118,7 +126,7 @@ def write_environment(study_dir: Path, ask: bool = True) -> None:
     (study_dir / ENVIRONMENT).write_text(json.dumps(environment(ask=ask), indent=2) + "\n")
 
 
-def complete_environment(sd: "StudyDir") -> None:
+def complete_environment(sd: Bundled) -> None:
     """Ask the tools a dry run left pending, and re-record the bundle's sha256."""
     from .study_env import pending
 
