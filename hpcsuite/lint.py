@@ -222,8 +222,10 @@ def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
     import sys
     import tempfile
 
+    from .rundir import RunDir
+
     with tempfile.TemporaryDirectory(prefix="hpcsuite-build-") as tmp:
-        path = Path(tmp) / "job.json"
+        path = RunDir(tmp).job           # where a rank finds it: $HPCSUITE_RUN_DIR
         path.write_text(json.dumps(job.to_dict()))
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", HPCSUITE_RUN_DIR=tmp)

@@ -211,6 +211,12 @@ class StudyDir:
     def point_spec(self, point: Point) -> Path:
         return self.path / "points" / point.id / "job.yaml"
 
+    def point_script(self, point: Point) -> Path:
+        """The point's rendered script, named as a run directory names its own."""
+        from .rundir import SCRIPT
+
+        return self.path / "points" / point.id / SCRIPT
+
     @property
     def workdir(self) -> Path:
         """Where the jobs are submitted from: the base spec's directory in the bundle."""
@@ -349,10 +355,9 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
             axes = ", ".join(f"{k}={v}" for k, v in point.axes.items())
             problems.append(f"{source}: axes: point {point.id} ({axes}): {e}")
             continue
-        folder = sd.path / "points" / point.id
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "job.yaml").write_text(yaml.safe_dump(job.to_dict(), sort_keys=False))
-        (folder / "job.sbatch").write_text(request.script)
+        sd.point_spec(point).parent.mkdir(parents=True, exist_ok=True)
+        sd.point_spec(point).write_text(yaml.safe_dump(job.to_dict(), sort_keys=False))
+        sd.point_script(point).write_text(request.script)
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise UserError(f"{len(problems)} of {len(points)} points break the site's rules or the "

@@ -73,7 +73,7 @@ def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
     if dry_run:
         for p in points:
             click.echo(f"{p.id}\t{p.kind}\t{', '.join(f'{k}={v}' for k, v in p.axes.items())}\t"
-                       f"{sd.path / 'points' / p.id / 'job.sbatch'}")
+                       f"{sd.point_script(p)}")
         return
     try:
         done = run(sd, profile_path, wait, timeout, _say)
