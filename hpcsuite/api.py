@@ -54,7 +54,7 @@ import numpy as np
 from .errors import UserError
 from . import rundir
 from .results import write_json_atomic
-from .rundir import RunDir
+from .rundir import RunDir, RunRoot
 from .runtime.collectives import HorovodObjects
 from .runtime.job_io import load_job, publish
 from .runtime.policy import VOTE_SECONDS
@@ -315,7 +315,7 @@ def _local_job(hvd, spec: str) -> tuple[JobSpec, Path]:
     job = resolve(spec).job
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     stamp = hvd.broadcast_object(stamp, root_rank=0, name="hpcsuite.api.local")
-    run_dir = (Path(job.output_dir) / job.name / "local" / stamp).absolute()
+    run_dir = RunRoot.of(job.output_dir, job.name).local(stamp).path.absolute()
     if int(hvd.rank()) == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(RunDir(run_dir).job, job.to_dict())

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..rundir import RunDir
 from ..spec import JobSpec
 
 
@@ -23,7 +24,7 @@ def run_script(job: JobSpec, run_dir: Path) -> None:
     script = Path(job.train.script)
     if not script.is_file():
         raise UserError(f"train.script: {script}: no such file (in {Path.cwd()})")
-    os.environ.setdefault("HPCSUITE_JOB", str(run_dir / "job.json"))
+    os.environ.setdefault("HPCSUITE_JOB", str(RunDir(run_dir).job))
     os.environ.setdefault("HPCSUITE_RUN_DIR", str(run_dir))
     dirs = usercode.search_dirs(job.train.pythonpath)
     sys.path[:0] = [str(script.parent.absolute()), *(str(d) for d in dirs[1:])]
