@@ -22,8 +22,8 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
     """The HOROVOD_* variables of train.horovod, from the one table (:mod:`hpcsuite.knobs`)."""
     from .knobs import environment
 
-    files = {"timeline": Raw('"$RUN_DIR/horovod-timeline.json"'),
-             "autotune_log": Raw('"$RUN_DIR/horovod-autotune.csv"')}
+    files = {"timeline": Raw(rundir.in_shell(rundir.HOROVOD_TIMELINE)),
+             "autotune_log": Raw(rundir.in_shell(rundir.HOROVOD_AUTOTUNE_LOG))}
     return environment(job.train.horovod, files, bool(job.train.monitor.timeline_steps))
 
 
