@@ -214,14 +214,14 @@ def test_report_has_times_bandwidths_and_fits():
 
 
 def test_the_job_is_a_script_mode_spec_that_plans(tmp_path, monkeypatch):
-    from hpcsuite.cli.commands import _plan
+    from hpcsuite.runner import prepare
 
     monkeypatch.chdir(tmp_path)
     spec = ab.job_spec([4, 1024], 2, 1, "out", "00:03:00", None, 0.25)
     assert spec["train"]["script"] == str(REPO / "hpcsuite" / "runtime" / "allreduce_bench.py")
     assert spec["train"]["args"] == ["--sizes", "4,1024", "--budget", "0.25"]
     (tmp_path / "job.yaml").write_text(json.dumps(spec))
-    request = _plan("job.yaml", str(SBATCH / "profile.yaml"), None)
+    request = prepare("job.yaml", str(SBATCH / "profile.yaml"), None).request
     assert request.run_root == "out/allreduce-bench"
     assert "#SBATCH --nodes=2" in request.script and "#SBATCH --time=00:03:00" in request.script
     assert '"script": "' + spec["train"]["script"] in request.script

@@ -13,7 +13,6 @@ from ..errors import UserError
 from ..rundir import RunDir
 
 spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
-_plan = prepare_request     # the name tests/test_alphabeta.py imports
 
 
 @main.command()
@@ -331,7 +330,7 @@ def attempt():
 
 
 def _attempt_job(run_dir: str):
-    from ..runtime.train import load_job
+    from ..runtime.job_io import load_job
 
     return load_job(str(RunDir(run_dir).job))
 

@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-REPORT = "allreduce.json"
-CSV = "allreduce.csv"
+# Run as a script (runpy.run_path): absolute imports only.
+from hpcsuite.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
 NAME = "allreduce-bench"
 DEFAULT_SIZES = tuple(4 * 4 ** k for k in range(13))      # 4 B, 16 B, ... 64 MiB
 MAX_SIZE = 1 << 30                                         # 1 GiB: several buffers per rank

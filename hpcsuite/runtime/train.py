@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import UserError, count
 from ..rundir import ENV, RunDir
 from ..spec import JobSpec
-from .job_io import hostname, load_job, write_stop_marker  # noqa: F401 (load_job: cli, preflight)
+from .job_io import hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
 from .signals import FLAG, announce_ready
 
 # the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
@@ -110,13 +110,10 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
         return
     from .. import slurm
 
-    results.job_id = os.environ.get("SLURM_JOB_ID")
-    results.attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
     results.versions["slurm"] = done.stdout.strip() or None
     results.versions["python"] = sys.version.split()[0]
-    path = results.write(run_dir)
-    write_stop_marker(run_dir, results.status, results.final_step)
+    path = publish(run_dir, results)
     print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
           f"({results.samples_per_s:.1f} samples/s on {count(results.world_size, 'rank')})", flush=True)
 
