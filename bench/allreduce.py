@@ -24,14 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcsuite.alphabeta import FitError, bus_bandwidth, fit
+from hpcsuite.study.alphabeta import FitError, bus_bandwidth, fit
 from hpcsuite.runtime.allreduce_bench import format_size
 
 
 @contextlib.contextmanager
 def cluster_env(port: int, private: bool):
     """Slurm client environment for a running cluster, or for one started here."""
-    from hpcsuite.cluster import LocalCluster, cluster_dir
+    from hpcsuite.site.cluster import LocalCluster, cluster_dir
 
     running = LocalCluster(cluster_dir())
     conf = os.environ.get("SLURM_CONF") or (str(running.conf) if running.running() else None)

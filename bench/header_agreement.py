@@ -3,7 +3,7 @@
 Generates random #SBATCH lines from pieces that matter to sbatch's tokeniser (quotes,
 backslashes, '#', tabs, several options per line, abbreviations, clustered short options),
 submits each with `sbatch --hold` to the local cluster, reads back job name, comment and
-partition with squeue, cancels the job, and compares with hpcsuite.sbatch_header.
+partition with squeue, cancels the job, and compares with hpcsuite.submit.sbatch_header.
 
     .venv/bin/hpcsuite cluster up
     .venv/bin/python bench/header_agreement.py [-n 1000] [--seed S]
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpcsuite.sbatch_header import HeaderError, parse_header  # noqa: E402
+from hpcsuite.submit.sbatch_header import HeaderError, parse_header  # noqa: E402
 from hpcsuite.slurm import slurm_env  # noqa: E402
 
 PIECES = ["--job-name=", "--comment=", " --comment=", " -p", " -pother", " --partition=other",

@@ -24,7 +24,7 @@ import numpy as np
 
 from hpcsuite.runtime.data import NpyShards, write_shards
 from hpcsuite.runtime.sharding import Cursor, Sharder
-from hpcsuite.spec import Data
+from hpcsuite.submit.spec import Data
 
 
 def drop_caches() -> bool:

@@ -12,7 +12,7 @@ limit or a preemption: the preemption signal to the batch shell (`scancel --sign
 and the requeued job is started as soon as both nodes are idle again (Slurm otherwise holds a
 requeued job for about two minutes). A trial is clean when the job completes, every sample of
 every epoch was trained exactly once across all attempts (the committed ledger,
-hpcsuite.ledger), the final parameters are identical on all ranks, and the attempt records
+hpcsuite.runs.ledger), the final parameters are identical on all ranks, and the attempt records
 show the P preemptions and one completion.
 
     .venv/bin/python bench/preemption_trials.py [-n 10] [-p 3] [--backend torch]
@@ -54,7 +54,7 @@ train:
 
 @contextlib.contextmanager
 def cluster_env(port: int, private: bool):
-    from hpcsuite.cluster import LocalCluster, cluster_dir
+    from hpcsuite.site.cluster import LocalCluster, cluster_dir
 
     running = LocalCluster(cluster_dir())
     conf = os.environ.get("SLURM_CONF") or (str(running.conf) if running.running() else None)
@@ -154,8 +154,8 @@ def preempt_once(env, cluster, work: Path, job_id: str, attempt: int, moment: st
 
 
 def check(work: Path, job_id: str, samples: int, epochs: int, preemptions: int) -> list[str]:
-    from hpcsuite import attempts, ledger
-    from hpcsuite.results import Results
+    from hpcsuite.runs import attempts, ledger
+    from hpcsuite.runs.results import Results
 
     run_dir = work / "runs" / "trial" / job_id
     problems = ledger.exactly_once([run_dir], samples, epochs)
@@ -211,7 +211,7 @@ def trial(env: dict, cluster, work: Path, preemptions: int, seed: int, backend: 
 
 
 def _records(work: Path, job_id: str) -> list[dict]:
-    from hpcsuite import attempts
+    from hpcsuite.runs import attempts
     from hpcsuite.errors import UserError
 
     try:

@@ -49,7 +49,7 @@ def main() -> None:
     from hpcsuite.runtime.loop import Policy, Progress, Trainer
     from hpcsuite.runtime.sharding import Cursor, Sharder
     from hpcsuite.runtime.torch_backend import TorchBackend
-    from hpcsuite.spec import spec_from_dict
+    from hpcsuite.submit.spec import spec_from_dict
 
     job = spec_from_dict({
         "name": "overhead", "resources": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1},

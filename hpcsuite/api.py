@@ -52,16 +52,16 @@ from typing import Iterator
 import numpy as np
 
 from .errors import UserError
-from . import rundir
-from .results import write_json_atomic
-from .rundir import RunDir, RunRoot
+from .runs import rundir
+from .runs.results import write_json_atomic
+from .runs.rundir import RunDir, RunRoot
 from .runtime.collectives import HorovodObjects
 from .runtime.job_io import load_job, publish
 from .runtime.policy import VOTE_SECONDS
 from .runtime.session import Session, checksum
 from .runtime.sharding import Batch, Cursor, Sharder
 from .runtime.state import keras_state, load_keras_state, load_torch_state, torch_state
-from .spec import JobSpec
+from .submit.spec import JobSpec
 
 log = logging.getLogger("hpcsuite.api")
 
@@ -307,7 +307,7 @@ def _local_job(hvd, spec: str) -> tuple[JobSpec, Path]:
     a run directory of its own under OUTPUT_DIR/NAME/local/, with the resolved job.json."""
     import datetime as dt
 
-    from .config import resolve
+    from .submit.config import resolve
 
     if not Path(spec).is_file():
         raise UserError(f"{spec}: no such file (HPCSUITE_SPEC or api.Run(spec=...): the job spec "

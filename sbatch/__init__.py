@@ -1,1 +1,1 @@
-"""Example job specs, each beside the sbatch script it renders to (see hpcsuite.golden)."""
+"""Example job specs, each beside the sbatch script it renders to (see hpcsuite.submit.golden)."""

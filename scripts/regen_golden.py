@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from hpcsuite.golden import expected_scripts
+from hpcsuite.submit.golden import expected_scripts
 
 root = Path(__file__).resolve().parent.parent / "sbatch"
 for path, text in expected_scripts(root).items():

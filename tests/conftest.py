@@ -60,7 +60,7 @@ def submit_spec(env: dict, work: Path, spec_text: str, *args: str, name: str = "
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory):
     """A running two-node Slurm cluster; yields (LocalCluster, env for Slurm clients)."""
-    from hpcsuite.cluster import LocalCluster
+    from hpcsuite.site.cluster import LocalCluster
 
     root = tmp_path_factory.mktemp("cluster")
     cluster = LocalCluster(root, port=TEST_PORT)

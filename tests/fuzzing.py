@@ -418,7 +418,7 @@ def expected_header(job, profile) -> dict[str, str | None]:
 
 def check_script(script: str, work: Path, want: dict, env: dict[str, str]) -> str | None:
     """None when the header holds exactly ``want`` and bash runs the body harmlessly."""
-    from hpcsuite.sbatch_header import parse_header
+    from hpcsuite.submit.sbatch_header import parse_header
 
     for keep in (False, True):
         got = {o.name: o.value for o in parse_header(script, keep_escaped_space=keep)}
@@ -477,7 +477,7 @@ def run_spec_case(data: bytes, work: Path) -> tuple[str, str]:
     def script_check():
         import json
 
-        from hpcsuite.config import resolve
+        from hpcsuite.submit.config import resolve
 
         r = resolve(str(spec), str(PROFILE), ambient=False)
         script = json.loads(result.stdout)["script"]
@@ -498,7 +498,7 @@ def run_profile_case(case: tuple[bytes, bytes], work: Path) -> tuple[str, str]:
     def script_check():
         import json
 
-        from hpcsuite.config import resolve
+        from hpcsuite.submit.config import resolve
 
         r = resolve(str(spec), str(profile), ambient=False)
         plain = work / "plain.yaml"
@@ -531,7 +531,7 @@ def run_template_case(case: tuple[str, bytes], work: Path) -> tuple[str, str]:
     def script_check():
         import json
 
-        from hpcsuite.config import resolve
+        from hpcsuite.submit.config import resolve
 
         r = resolve(str(spec), str(PROFILE), ambient=False)
         want = expected_header(r.job, r.profile)

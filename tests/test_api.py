@@ -9,9 +9,9 @@ import pytest
 
 from hpcsuite import api
 from hpcsuite.errors import UserError
-from hpcsuite.results import Results
+from hpcsuite.runs.results import Results
 from hpcsuite.runtime.signals import StopFlag
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 
 def make_run(tmp_path, **train):

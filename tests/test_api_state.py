@@ -8,7 +8,7 @@ import pytest
 
 from hpcsuite import api
 from hpcsuite.errors import UserError
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 
 def make_run(tmp_path):

@@ -1,4 +1,4 @@
-"""The attempt records and restart decisions the batch script asks for (hpcsuite.attempts).
+"""The attempt records and restart decisions the batch script asks for (hpcsuite.runs.attempts).
 
 Slurm's side (scontrol requeue, squeue, sacct) is replaced by a recorder here; the same paths
 run for real in test_e2e_reliability.py."""
@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from hpcsuite import attempts, slurm
+from hpcsuite.runs import attempts
+from hpcsuite import slurm
 from hpcsuite.errors import UserError
-from hpcsuite.results import Results, attempt_summaries
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.runs.results import Results, attempt_summaries
+from hpcsuite.submit.spec import spec_from_dict
 
 
 @pytest.fixture

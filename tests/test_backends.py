@@ -70,7 +70,7 @@ from hpcsuite.runtime.collectives import HorovodObjects
 from hpcsuite.runtime.session import Session
 from hpcsuite.runtime.signals import StopFlag
 from hpcsuite.runtime.torch_backend import TorchBackend
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 job = spec_from_dict({{"name": "v", "output_dir": {str(tmp_path)!r}, "train": {{"batch_size": 4}}}}, "t")
 out = []

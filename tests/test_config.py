@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsuite.cli import main
-from hpcsuite.config import resolve
+from hpcsuite.submit.config import resolve
 from hpcsuite.errors import UserError
 
 

@@ -11,12 +11,12 @@ import random
 import numpy as np
 import pytest
 
-from hpcsuite import attempts, ledger
+from hpcsuite.runs import attempts, ledger
 from hpcsuite.errors import UserError
-from hpcsuite.results import Results
+from hpcsuite.runs.results import Results
 from hpcsuite.runtime.checkpoint import CheckpointStore
 from hpcsuite.runtime.train import load_job
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 TRIALS = 150
 

@@ -5,7 +5,7 @@ import pytest
 
 from hpcsuite.errors import UserError
 from hpcsuite.runtime.data import NpyShards, Synthetic, open_data, write_shards
-from hpcsuite.spec import Data
+from hpcsuite.submit.spec import Data
 
 
 def test_synthetic_is_deterministic_and_shaped():

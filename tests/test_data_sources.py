@@ -6,7 +6,7 @@ import pytest
 from hpcsuite.errors import UserError
 from hpcsuite.runtime.data import Hdf5, Python, Subset, open_train_eval, reopen, split_ids
 from hpcsuite.runtime.sharding import Cursor, Sharder
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 
 def data_spec(**kw):

@@ -1,7 +1,7 @@
 """doctor's parsers and the checks that read only files (the rest run in test_e2e_doctor)."""
 
-from hpcsuite import doctor
-from hpcsuite.profile import Mpi, Partition, SiteProfile
+from hpcsuite.site import doctor
+from hpcsuite.submit.site_profile import Mpi, Partition, SiteProfile
 
 CHECK_BUILD = """Horovod v0.28.1:
 

@@ -94,8 +94,8 @@ def test_a_job_slurm_can_never_start_is_refused_or_ends_the_wait(local_cluster, 
     PartitionTimeLimit, `status` says why and `submit --wait` ends with exit 2."""
     import subprocess
 
-    from hpcsuite import jobs
-    from hpcsuite.cluster import OTHER_PARTITION
+    from hpcsuite.runs import jobs
+    from hpcsuite.site.cluster import OTHER_PARTITION
 
     _cluster, env = local_cluster
     spec = SPEC.format(backend="torch", epochs=1) + f"  max_steps: 2\n"

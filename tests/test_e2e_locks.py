@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcsuite.sbatch_header import HeaderError, parse_header
+from hpcsuite.submit.sbatch_header import HeaderError, parse_header
 
 from conftest import run_cli
 
@@ -153,7 +153,7 @@ def test_without_the_lock_sbatch_obeys_the_template(locked_site):
         subprocess.run(["scancel", job], env=env, timeout=60)
 
 
-PINNED_MAIN = ("import sys, pathlib, hpcsuite.config as c; c.SYSTEM_DIR = pathlib.Path(sys.argv.pop(1)); "
+PINNED_MAIN = ("import sys, pathlib, hpcsuite.submit.config as c; c.SYSTEM_DIR = pathlib.Path(sys.argv.pop(1)); "
                "from hpcsuite.cli import main; sys.argv[0] = 'hpcsuite'; main()")
 
 

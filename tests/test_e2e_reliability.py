@@ -132,7 +132,7 @@ def test_a_node_lost_mid_job_ends_it_promptly_and_it_resumes_when_nodes_return(l
     results = json.loads((run_dir / "results.json").read_text())
     assert results["start_step"] > 0 and results["resumed_from"]
     assert results["final_step"] == 40 * 8000 // 64 and len(set(results["param_checksums"])) == 1
-    from hpcsuite import ledger
+    from hpcsuite.runs import ledger
 
     assert ledger.exactly_once([run_dir], 8000, 40) == []
 

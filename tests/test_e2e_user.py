@@ -44,7 +44,7 @@ def test_digits_example_reaches_a_believable_accuracy(local_cluster, digits, spe
 
 def test_user_model_resumes_and_continues_its_schedule(local_cluster, digits):
     from hpcsuite.runtime.schedule import learning_rate
-    from hpcsuite.spec import Schedule
+    from hpcsuite.submit.spec import Schedule
 
     cluster, env = local_cluster
     first = submit_file(env, digits, "digits-torch.yaml", "--set", "train.max_steps=100")["results"]

@@ -1,6 +1,6 @@
 """sbatch/ is the golden record of the templates: every example spec beside its script."""
 
-from hpcsuite.golden import example_specs, expected_scripts
+from hpcsuite.submit.golden import example_specs, expected_scripts
 
 from conftest import SBATCH
 

@@ -268,12 +268,12 @@ def test_eject_force_never_writes_through_a_symlink(work):
 
 
 def test_unexpected_errors_are_one_line_not_a_traceback(work, monkeypatch):
-    import hpcsuite.plan
+    import hpcsuite.submit.plan
 
     def broken(*a, **k):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(hpcsuite.plan, "plan", broken)
+    monkeypatch.setattr(hpcsuite.submit.plan, "plan", broken)
     (work / "job.yaml").write_text("name: a\n")
     result = cli("render", str(work / "job.yaml"))
     assert result.exit_code == 70
@@ -302,7 +302,7 @@ def test_a_value_that_needs_quoting_never_reaches_an_sbatch_line(work, line):
     else:
         # On its own line the quoted value is a shell command: the header has ended there.
         assert result.exit_code == 0, result.output
-        from hpcsuite.sbatch_header import parse_header
+        from hpcsuite.submit.sbatch_header import parse_header
 
         assert [o.name for o in parse_header(result.output)] == []
     if "--comment" in line:

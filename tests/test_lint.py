@@ -4,9 +4,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsuite.cli import main
-from hpcsuite.lint import lint, walltime_seconds
-from hpcsuite.profile import Partition, SiteProfile
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.lint import lint, walltime_seconds
+from hpcsuite.submit.site_profile import Partition, SiteProfile
+from hpcsuite.submit.spec import spec_from_dict
 
 from conftest import SBATCH
 
@@ -96,8 +96,8 @@ def test_requeue_needs_checkpoints_and_lead_must_fit():
 
 def test_what_a_partition_can_never_give_is_named_by_key():
     from hpcsuite import slurm
-    from hpcsuite.lint import cluster_findings
-    from hpcsuite.spec import spec_from_dict
+    from hpcsuite.submit.lint import cluster_findings
+    from hpcsuite.submit.spec import spec_from_dict
 
     assert slurm.parse_sinfo_shapes("a|64|gpu:a100:4(S:0-1)\nb|32|gpu:2,tmpfs:1\nc|16|(null)\n"
                                     "junk\n") == [(64, 4), (32, 2), (16, 0)]

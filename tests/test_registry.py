@@ -5,7 +5,8 @@ import multiprocessing
 
 import pytest
 
-from hpcsuite import jobs, registry, slurm
+from hpcsuite.runs import jobs, registry
+from hpcsuite import slurm
 from hpcsuite.errors import UserError
 
 
@@ -131,7 +132,7 @@ def test_pending_reasons_explained_and_the_hopeless_ones_end_the_wait(monkeypatc
 
 
 def test_progress_file_round_trip(tmp_path):
-    from hpcsuite.results import read_progress, write_progress
+    from hpcsuite.runs.results import read_progress, write_progress
 
     assert read_progress(tmp_path) is None
     write_progress(tmp_path, {"step": 3})

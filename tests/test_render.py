@@ -7,10 +7,10 @@ import subprocess
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.plan import plan
-from hpcsuite.profile import Mpi, SiteProfile
-from hpcsuite.spec import spec_from_dict
-from hpcsuite.templating import SearchPath, render
+from hpcsuite.submit.plan import plan
+from hpcsuite.submit.site_profile import Mpi, SiteProfile
+from hpcsuite.submit.spec import spec_from_dict
+from hpcsuite.submit.templating import SearchPath, render
 
 EVIL = "$(touch {canary}); `touch {canary}`; ' \" && touch {canary} | x > {canary}"
 

@@ -3,7 +3,7 @@
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.results import Results, describe_run, summarize
+from hpcsuite.runs.results import Results, describe_run, summarize
 
 
 def test_round_trip_and_unknown_keys(tmp_path):

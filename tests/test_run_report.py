@@ -3,8 +3,8 @@
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.results import Results
-from hpcsuite.run_report import plot
+from hpcsuite.runs.results import Results
+from hpcsuite.runs.report import plot
 
 
 def test_plots_loss_throughput_and_utilisation(tmp_path):
@@ -49,14 +49,14 @@ def test_a_requeued_job_plots_every_attempt_with_a_line_where_each_began(tmp_pat
 
     monkeypatch.setattr(matplotlib.axes.Axes, "axvline", axvline)
     seen = []
-    real_save = __import__("hpcsuite.run_report", fromlist=["_save"])._save
+    real_save = __import__("hpcsuite.runs.report", fromlist=["_save"])._save
 
     def save(fig, path):
         ax = fig.axes[0]
         seen.append((path.name, ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), plot_data(ax)))
         return real_save(fig, path)
 
-    monkeypatch.setattr("hpcsuite.run_report._save", save)
+    monkeypatch.setattr("hpcsuite.runs.report._save", save)
     written = plot(tmp_path)
     assert [p.name for p in written] == ["loss.png", "throughput.png"]
     assert lines == [31, 31]                                  # attempt 1 began at step 31

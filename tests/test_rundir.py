@@ -1,4 +1,4 @@
-"""The run directory has one owner (hpcsuite.rundir): its layout, the names the batch shell gets
+"""The run directory has one owner (hpcsuite.runs.rundir): its layout, the names the batch shell gets
 from it, and a check that no other module or template spells a run-directory file name."""
 
 import ast
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcsuite import rundir
-from hpcsuite.plan import plan
-from hpcsuite.profile import SiteProfile
-from hpcsuite.rundir import RunDir, RunRoot
-from hpcsuite.spec import spec_from_dict
-from hpcsuite.templating import SearchPath
+from hpcsuite.runs import rundir
+from hpcsuite.submit.plan import plan
+from hpcsuite.submit.site_profile import SiteProfile
+from hpcsuite.runs.rundir import RunDir, RunRoot
+from hpcsuite.submit.spec import spec_from_dict
+from hpcsuite.submit.templating import SearchPath
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -249,14 +249,14 @@ def test_the_template_check_skips_comments():
 
 
 def test_no_module_or_template_spells_a_run_directory_name():
-    """Issue R: run-directory names come from hpcsuite.rundir (the template: its ``rundir``)."""
+    """Issue R: run-directory names come from hpcsuite.runs.rundir (the template: its ``rundir``)."""
     offences = []
     for path in sorted((REPO / "hpcsuite").rglob("*.py")):
-        if path.name == "rundir.py" and path.parent.name == "hpcsuite":
+        if path == REPO / "hpcsuite" / "runs" / "rundir.py":
             continue
         offences += [f"{path.relative_to(REPO)}:{n}: {t!r}" for n, t in spelled_in_python(path.read_text())]
     for path in sorted((REPO / "templates").rglob("*.j2")):
         offences += [f"{path.relative_to(REPO)}:{n}: {t}" for n, t in spelled_in_template(path.read_text())]
-    assert not offences, ("run-directory names spelled outside hpcsuite/rundir.py (take them from "
+    assert not offences, ("run-directory names spelled outside hpcsuite/runs/rundir.py (take them from "
                           "rundir.RunDir, or in a template from its `rundir` context):\n  "
                           + "\n  ".join(offences))

@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcsuite import jobs, knobs, runner
+from hpcsuite.runs import jobs
+from hpcsuite.submit import knobs
+from hpcsuite import runner
 from hpcsuite.errors import JobFailed, JobInputFailed, JobPreempted, UserError
-from hpcsuite.rundir import RunDir
+from hpcsuite.runs.rundir import RunDir
 
 SBATCH = Path(__file__).resolve().parent.parent / "sbatch"
 PROFILE = str(SBATCH / "profile.yaml")
@@ -42,7 +44,7 @@ def test_prepare_refuses_errors_one_line_each_with_the_findings_kept(tmp_path, m
 def test_held_adds_hold_once():
     import dataclasses
 
-    from hpcsuite.plan import BatchRequest
+    from hpcsuite.submit.plan import BatchRequest
     request = BatchRequest(job=None, script="", sbatch_argv=["sbatch", "--parsable"],
                            run_root="r", template="t")
     once = runner.held(request)
@@ -88,7 +90,7 @@ def test_wait_turns_a_job_that_can_never_start_into_an_outcome(tmp_path, monkeyp
 
 
 def test_describe_is_one_record_for_text_json_and_runs(tmp_path, monkeypatch):
-    from hpcsuite import registry
+    from hpcsuite.runs import registry
 
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "runs" / "d" / "5"
@@ -108,8 +110,8 @@ def test_describe_is_one_record_for_text_json_and_runs(tmp_path, monkeypatch):
 
 
 def test_one_table_of_horovod_knobs():
-    from hpcsuite.spec import HOROVOD_KNOBS, HorovodKnobs
-    from hpcsuite.study import HOROVOD_AXES
+    from hpcsuite.submit.spec import HOROVOD_KNOBS, HorovodKnobs
+    from hpcsuite.study.points import HOROVOD_AXES
 
     defaults = HorovodKnobs()
     assert {k.name for k in knobs.KNOBS} == set(HorovodKnobs.__dataclass_fields__)
@@ -127,7 +129,7 @@ def test_one_table_of_horovod_knobs():
 
 def test_one_allreduce_job_builder_for_bench_and_studies(tmp_path):
     from hpcsuite.runtime.allreduce_bench import job_spec
-    from hpcsuite.spec import load_spec
+    from hpcsuite.submit.spec import load_spec
 
     bench = job_spec([4, 1024], 2, 1, "out", "00:03:00", None, 0.25)
     assert bench["train"]["args"] == ["--sizes", "4,1024", "--budget", "0.25"]

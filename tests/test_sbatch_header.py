@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from hpcsuite.sbatch_header import HeaderError, check_fixed, header_words, parse_header
+from hpcsuite.submit.sbatch_header import HeaderError, check_fixed, header_words, parse_header
 
 
 def opts(header: str, **kw):

@@ -8,13 +8,13 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-import hpcsuite.config as config
+import hpcsuite.submit.config as config
 from hpcsuite.cli import main
-from hpcsuite.config import resolve
+from hpcsuite.submit.config import resolve
 from hpcsuite.errors import UserError
-from hpcsuite.plan import plan
-from hpcsuite.sbatch_header import effective, parse_header
-from hpcsuite.templating import SearchPath
+from hpcsuite.submit.plan import plan
+from hpcsuite.submit.sbatch_header import effective, parse_header
+from hpcsuite.submit.templating import SearchPath
 
 SITE = """\
 name: uni

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from hpcsuite.runtime.schedule import learning_rate
-from hpcsuite.spec import Schedule
+from hpcsuite.submit.spec import Schedule
 
 
 def rate(progress, world=1, epochs=10, lr=0.1, **kw):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.results import Results
+from hpcsuite.runs.results import Results
 from hpcsuite.runtime.session import Session
 from hpcsuite.runtime.sharding import Cursor
 from hpcsuite.runtime.signals import StopFlag
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 
 class World:

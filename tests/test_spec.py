@@ -3,7 +3,7 @@
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.spec import load_spec
+from hpcsuite.submit.spec import load_spec
 
 
 def write(tmp_path, text, name="job.yaml"):

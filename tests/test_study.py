@@ -5,12 +5,12 @@ import subprocess
 import pytest
 
 from conftest import run_cli
-from hpcsuite import study as st
-from hpcsuite import study_bundle as sb
-from hpcsuite import study_report as sr
-from hpcsuite.alphabeta import AlphaBeta
+from hpcsuite.study import points as st
+from hpcsuite.study import bundle as sb
+from hpcsuite.study import report as sr
+from hpcsuite.study.alphabeta import AlphaBeta
 from hpcsuite.errors import UserError
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 BASE = """name: base
 resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
@@ -324,7 +324,7 @@ def test_environment_failures_warn_in_the_report(tmp_path):
 # ---------------------------------------------------------------------- the environment
 
 def test_environment_is_cached_per_installation_and_failures_are_not(tmp_path, monkeypatch):
-    from hpcsuite import study_env
+    from hpcsuite.study import env as study_env
 
     asked = []
 
@@ -349,7 +349,7 @@ def test_environment_is_cached_per_installation_and_failures_are_not(tmp_path, m
 
 
 def test_a_dry_run_leaves_only_the_slow_tool_pending(tmp_path):
-    from hpcsuite import study_env
+    from hpcsuite.study import env as study_env
 
     asked = []
 
@@ -368,7 +368,8 @@ def test_a_dry_run_leaves_only_the_slow_tool_pending(tmp_path):
 
 
 def test_a_tool_that_fails_or_hangs_records_its_error(monkeypatch):
-    from hpcsuite import slurm, study_env
+    from hpcsuite import slurm
+    from hpcsuite.study import env as study_env
 
     def call(argv, **kw):
         if argv[0] == "mpirun":
@@ -383,7 +384,7 @@ def test_a_tool_that_fails_or_hangs_records_its_error(monkeypatch):
 
 
 def test_compare_shows_versions_on_one_line_and_failures_as_warnings():
-    from hpcsuite import study_compare
+    from hpcsuite.study import compare as study_compare
 
     build_text = ("Horovod v0.28.1:\n\nAvailable Frameworks:\n    [X] TensorFlow\n    [X] PyTorch\n"
                   "    [ ] MXNet\n\nAvailable Controllers:\n    [X] MPI\n    [X] Gloo\n\n"
@@ -409,8 +410,8 @@ def test_compare_shows_versions_on_one_line_and_failures_as_warnings():
 # ---------------------------------------------------------------------- status
 
 def test_status_asks_slurm_for_each_points_job(tmp_path):
-    from hpcsuite import study_status
-    from hpcsuite.jobs import JobState
+    from hpcsuite.study import status as study_status
+    from hpcsuite.runs.jobs import JobState
 
     sd = fake_study(tmp_path / "s", steady(0.005, 0.005, 0.010, 0.006))
     asked = []
@@ -456,7 +457,7 @@ def test_status_cli_without_slurm_falls_back_with_a_note(tmp_path):
 def test_the_first_real_run_asks_what_a_dry_run_left_pending(isolated, monkeypatch):
     import json
 
-    from hpcsuite import study_env
+    from hpcsuite.study import env as study_env
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(isolated / "cache"))
     asked = []
@@ -479,7 +480,7 @@ def test_the_first_real_run_asks_what_a_dry_run_left_pending(isolated, monkeypat
 
 
 def test_compare_warns_of_an_unreadable_environment(tmp_path):
-    from hpcsuite import study_compare
+    from hpcsuite.study import compare as study_compare
 
     a = fake_study(tmp_path / "a", steady(0.005, 0.005, 0.010, 0.006))
     (a.path / "environment.json").write_text("{not json")
@@ -512,6 +513,6 @@ def test_a_real_run_refuses_points_slurm_can_never_run_and_a_dry_run_asks_nothin
     assert "resources.nodes: 4 nodes, but partition 'debug' has 2" in str(exc.value)
     assert "point" in str(exc.value) and "nodes=4" in str(exc.value)
     asked.clear()
-    monkeypatch.setattr("hpcsuite.study_env.ask_tools", lambda names, horovod: {})
+    monkeypatch.setattr("hpcsuite.study.env.ask_tools", lambda names, horovod: {})
     st.create(str(path), str(isolated / "dry"), None, ask_tools=False)
     assert asked == []

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsuite.cli import main
-from hpcsuite.templating import builtin_dir
+from hpcsuite.submit.templating import builtin_dir
 
 from conftest import SBATCH
 

@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.lint import lint
-from hpcsuite.plan import horovod_environment
-from hpcsuite.profile import SiteProfile
-from hpcsuite.run_report import timeline_line, timeline_summary, timeline_windows
+from hpcsuite.submit.lint import lint
+from hpcsuite.submit.plan import horovod_environment
+from hpcsuite.submit.site_profile import SiteProfile
+from hpcsuite.runs.report import timeline_line, timeline_summary, timeline_windows
 from hpcsuite.runtime.timeline import Window
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 
 class FakeHvd:

@@ -10,7 +10,7 @@ import pytest
 
 from hpcsuite import usercode
 from hpcsuite.errors import UserError
-from hpcsuite.spec import spec_from_dict
+from hpcsuite.submit.spec import spec_from_dict
 
 
 def test_blame_names_the_key_of_user_code_and_leaves_our_errors_alone():

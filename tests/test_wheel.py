@@ -28,7 +28,7 @@ def test_wheel_install_renders_like_the_source_tree(tmp_path):
                                capture_output=True, text=True, timeout=60)
     assert installed.returncode == 0, installed.stderr
     assert installed.stdout == (SBATCH / "quickstart.sbatch").read_text()
-    where = subprocess.run([str(py), "-c", "import hpcsuite.models, hpcsuite.templating as t;"
+    where = subprocess.run([str(py), "-c", "import hpcsuite.models, hpcsuite.submit.templating as t;"
                             "print(hpcsuite.models.__file__); print(t.builtin_dir())"],
                            cwd=work, capture_output=True, text=True, timeout=60, check=True)
     assert all(str(env_dir) in line for line in where.stdout.splitlines())

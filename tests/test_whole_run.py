@@ -61,7 +61,7 @@ def follow(env, cluster, job_id, cwd, timeout=400) -> dict:
 
 
 def test_a_preempted_and_requeued_job_reports_the_loss_from_step_one(local_cluster, tmp_path):
-    from hpcsuite.results import Results, describe_run, summarize
+    from hpcsuite.runs.results import Results, describe_run, summarize
 
     cluster, env = local_cluster
     (tmp_path / "steps.py").write_text(STEPS)

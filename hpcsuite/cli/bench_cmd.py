@@ -63,7 +63,7 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
     """
     from .. import runner
     from ..runtime.allreduce_bench import DEFAULT_SIZES, NAME, job_spec, parse_sizes
-    from ..spec import NAME as NAME_PATTERN, PATH, WALLTIME
+    from ..submit.spec import NAME as NAME_PATTERN, PATH, WALLTIME
 
     sizes = list(DEFAULT_SIZES)
     if sizes_text is not None:
@@ -129,7 +129,7 @@ def _wait(job_id: str, run_dir: str, as_json: bool) -> tuple[str, dict]:
         raise outcome.error()
     path = Path(run_dir) / REPORT
     if not path.is_file():
-        from .. import jobs
+        from ..runs import jobs
 
         raise JobFailed(f"job {job_id} completed without writing {path}; last lines of "
                         f"{outcome.log}:\n{jobs.tail(Path(outcome.log))}")
@@ -154,7 +154,7 @@ def _rate(bps: float) -> str:
 
 
 def _table(report: dict, job_id: str, run_dir: str) -> str:
-    from ..alphabeta import MODEL, AlphaBeta, FitError
+    from ..study.alphabeta import MODEL, AlphaBeta, FitError
     from ..runtime.allreduce_bench import CSV, REPORT, format_size
 
     hosts = ", ".join(dict.fromkeys(report["hosts"]))

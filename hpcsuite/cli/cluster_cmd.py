@@ -8,7 +8,7 @@ from . import emit_json, main
 
 
 def _cluster(port):
-    from ..cluster import DEFAULT_PORT, LocalCluster, cluster_dir
+    from ..site.cluster import DEFAULT_PORT, LocalCluster, cluster_dir
 
     return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT)
 

@@ -10,7 +10,7 @@ import click
 from . import (FilePath, emit_json, main, prepare_request, profile_option, set_option,
                template_dir_option)
 from ..errors import UserError
-from ..rundir import RunDir
+from ..runs.rundir import RunDir
 
 spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
 
@@ -80,7 +80,7 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
     if as_json and outcome.state is not None and outcome.exit_class != runner.NEVER_STARTS:
         emit_json(outcome.to_json())
     if not as_json and outcome.exit_class in (runner.COMPLETED, runner.STOPPED):
-        from ..results import summarize
+        from ..runs.results import summarize
 
         click.echo(summarize(done.run_dir) if outcome.results is not None else
                    f"job {done.job_id} completed; no results.json in {done.run_dir}")
@@ -125,7 +125,7 @@ def stream_width() -> int:
 
 
 def _find_run(run: str) -> tuple[str, dict | None]:
-    from .. import registry
+    from ..runs import registry
 
     return registry.locate(Path.cwd(), run)
 
@@ -164,7 +164,7 @@ def runs(as_json, last):
     The registry is .hpcsuite/runs.jsonl here; states, exit codes and MaxRSS come from one
     sacct call for all the runs where the cluster keeps accounting, else from one squeue call
     (and Slurm's job completion records for the jobs the controller has forgotten)."""
-    from .. import registry
+    from ..runs import registry
     from ..runner import describe_many
 
     entries = registry.load(Path.cwd())
@@ -193,7 +193,7 @@ def runs(as_json, last):
                    "job's Slurm output file.")
 def logs(run, lines, follow, rank):
     """Print the output of RUN (a job id, a run directory, or a job name)."""
-    from .. import jobs
+    from ..runs import jobs
 
     job_id, entry = _find_run(run)
     state = jobs.query(job_id)
@@ -222,7 +222,7 @@ def logs(run, lines, follow, rank):
 
 def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -> None:
     """Print what is appended to ``path`` until the job has ended and the file is drained."""
-    from .. import jobs
+    from ..runs import jobs
 
     def drain() -> None:
         nonlocal offset
@@ -250,7 +250,7 @@ def report(run, out):
     """Draw PNG plots of RUN (a job id, a run directory, or a job name) from its results:
     loss.png, throughput.png, and with train.monitor utilisation.png. Prints, for each Horovod
     timeline window (train.monitor.timeline_steps), the time per step of its activities."""
-    from ..run_report import plot, timeline_line, timeline_summary, timeline_windows
+    from ..runs.report import plot, timeline_line, timeline_summary, timeline_windows
 
     job_id, entry = _find_run(run)
     if entry is None:
@@ -266,7 +266,7 @@ def report(run, out):
 @click.argument("run")
 def cancel(run):
     """Cancel RUN (a job id, a run directory, or a job name: its latest run)."""
-    from .. import jobs
+    from ..runs import jobs
 
     job_id, _ = _find_run(run)
     jobs.cancel(job_id)
@@ -297,8 +297,8 @@ def doctor(spec, profile_path, as_json, no_compute):
 
     With SPEC, its launcher, partition and env are checked too. Exit 0 when nothing
     failed (warnings allowed), 1 when a check failed, 2 on bad input."""
-    from ..config import resolve
-    from ..doctor import FAIL, report, run_checks
+    from ..submit.config import resolve
+    from ..site.doctor import FAIL, report, run_checks
 
     # Without a spec only the profile matters; the job layer needs a name to resolve.
     r = resolve(spec, profile_path, () if spec else ("name=doctor",))
@@ -326,7 +326,7 @@ def train(job_path):
 
 @main.group(hidden=True)
 def attempt():
-    """In-job bookkeeping the batch script calls around each attempt (hpcsuite.attempts)."""
+    """In-job bookkeeping the batch script calls around each attempt (hpcsuite.runs.attempts)."""
 
 
 def _attempt_job(run_dir: str):
@@ -340,7 +340,7 @@ def _attempt_job(run_dir: str):
 def attempt_begin(run_dir):
     """Before the ranks start: earlier attempts' records, the failure budget, the checkpoint
     directory's owner. Exits non-zero when the attempt must not run."""
-    from .. import attempts
+    from ..runs import attempts
 
     code = attempts.begin(Path(run_dir), _attempt_job(run_dir),
                           out=lambda line: click.echo(line, err=False))
@@ -355,7 +355,7 @@ def attempt_end(run_dir, status):
     the launcher's status."""
     import signal
 
-    from .. import attempts
+    from ..runs import attempts
 
     for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):   # the time limit's TERM must not cut the record
         signal.signal(getattr(signal, name), signal.SIG_IGN)

@@ -28,7 +28,7 @@ def config():
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(spec, profile_path, sets, origin, as_json):
     """Print the merged configuration (of SPEC, if given)."""
-    from ..config import is_locked, merged_view, resolve
+    from ..submit.config import is_locked, merged_view, resolve
 
     if spec:
         resolve(spec, profile_path, sets)  # a complete job must validate

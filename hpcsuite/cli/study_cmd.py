@@ -60,8 +60,8 @@ def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
     before anything is submitted. Running it again keeps finished points and submits the
     missing or failed ones (up to 3 attempts each); Ctrl-C loses nothing.
     """
-    from ..study import StudyDir, create
-    from ..study_run import run
+    from ..study.points import StudyDir, create
+    from ..study.run import run
 
     if Path(target).is_dir():
         sd = StudyDir(Path(target))
@@ -99,8 +99,8 @@ def status_cmd(target, as_json):
     """Where each point of a study is (TARGET: study directory or study spec): the study's
     own status and Slurm's state of the point's job, asked now (state.json's, with a note,
     when Slurm cannot be asked)."""
-    from ..study import open_study
-    from ..study_status import status
+    from ..study.points import open_study
+    from ..study.status import status
 
     rows, note = status(open_study(target))
     if note:
@@ -126,8 +126,8 @@ def report_cmd(target, as_json):
     1.25x, or whose no-communication limit does not grow with the ranks, is FLAGGED instead of
     diagnosed. Versions a study failed to record are warnings. Writes report.{txt,csv,json}
     and throughput.png, efficiency.png into the study's report/ directory."""
-    from ..study import open_study
-    from ..study_report import table, write
+    from ..study.points import open_study
+    from ..study.report import table, write
 
     sd = open_study(target)
     report, paths = write(sd)
@@ -148,8 +148,8 @@ def report_cmd(target, as_json):
 def rerun_cmd(bundle, directory, profile_path, wait, timeout):
     """Run the study in BUNDLE again, from the bundle alone: its inputs (checked against their
     sha256), its resolved job specs, into a fresh study directory."""
-    from ..study import rerun
-    from ..study_run import run
+    from ..study.points import rerun
+    from ..study.run import run
 
     sd = rerun(Path(bundle), Path(directory) if directory else None)
     _say(f"re-running {Path(bundle).name} in {sd.path}")
@@ -169,8 +169,8 @@ def rerun_cmd(bundle, directory, profile_path, wait, timeout):
 def compare_cmd(a, b, as_json):
     """What differs between studies A and B: inputs (sha256), resolved job specs, versions, and
     each configuration's throughput, marked where it differs by more than the repeats' spread."""
-    from ..study import open_study
-    from ..study_compare import compare, compare_text
+    from ..study.points import open_study
+    from ..study.compare import compare, compare_text
 
     c = compare(open_study(a), open_study(b))
     if as_json:

@@ -11,7 +11,7 @@ from ..errors import UserError
 
 
 def _complete_names(ctx, param, incomplete):
-    from ..templating import SearchPath
+    from ..submit.templating import SearchPath
 
     return [n for n in SearchPath.default(ctx.params.get("template_dir")).names()
             if n.startswith(incomplete)]
@@ -21,7 +21,7 @@ name_argument = click.argument("name", shell_complete=_complete_names)
 
 
 def _path(template_dir):
-    from ..templating import SearchPath
+    from ..submit.templating import SearchPath
 
     return SearchPath.default(template_dir)
 
@@ -73,7 +73,7 @@ def show(name, template_dir):
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def eject(name, to_dir, force):
     """Copy built-in template NAME to start a site or project template from."""
-    from ..templating import eject as do_eject
+    from ..submit.templating import eject as do_eject
 
     target = do_eject(_path(None), name, Path(to_dir or Path.cwd() / ".hpcsuite" / "templates"), force)
     click.echo(f"wrote {target}")
@@ -87,9 +87,9 @@ def validate(directory, profile_path):
 
     Problems are printed as FILE:LINE: message; the exit code is 2 when there are any.
     """
-    from ..golden import PROFILE, example_specs, examples_dir
+    from ..submit.golden import PROFILE, example_specs, examples_dir
     from ..runner import validate_templates
-    from ..templating import SUFFIX
+    from ..submit.templating import SUFFIX
 
     path = _path(directory)
     if directory:
@@ -124,14 +124,14 @@ def lint(spec, profile_path, sets, against_slurm, build):
 
     Every finding is one line, `error: SPEC: key: ...` or `warning: SPEC: key: ...` (render and
     submit run the same checks; submit also asks Slurm)."""
-    from ..config import resolve
-    from ..lint import build_findings
+    from ..submit.config import resolve
+    from ..submit.lint import build_findings
     from ..runner import check
 
     r = resolve(spec, profile_path, sets)
     findings = check(r)
     if against_slurm is not False:
-        from ..lint import slurm_findings
+        from ..submit.lint import slurm_findings
 
         try:
             findings += slurm_findings(r.job)

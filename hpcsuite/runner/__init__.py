@@ -3,7 +3,7 @@
 Four verbs, each one call for a command:
 
 * :func:`prepare` resolves a spec, lints it (against Slurm's partitions too when asked) and
-  plans it into a :class:`~hpcsuite.plan.BatchRequest`; warnings are returned, not printed.
+  plans it into a :class:`~hpcsuite.submit.plan.BatchRequest`; warnings are returned, not printed.
 * :func:`submit` refuses what would go wrong in the job and hands the request to sbatch.
 * :func:`wait` follows a job to its end: one :class:`Outcome` (state, results, log tail, exit
   class), whose :meth:`Outcome.error` is the exception a command raises for it.

@@ -8,8 +8,8 @@ from dataclasses import field
 from pathlib import Path
 
 from ..errors import UserError
-from ..lint import Finding
-from ..plan import BatchRequest, Submitted
+from ..submit.lint import Finding
+from ..submit.plan import BatchRequest, Submitted
 from ..records import Record, record
 
 
@@ -34,7 +34,7 @@ class Prepared(Record):
 
 def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
     """Every finding about a resolved job; Slurm is asked only when nothing else is wrong."""
-    from ..lint import lint, slurm_findings
+    from ..submit.lint import lint, slurm_findings
 
     findings = lint(resolved.job, resolved.profile, base)
     if against_slurm and not any(f.level == "error" for f in findings):
@@ -47,9 +47,9 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
     """Resolve, lint and plan SPEC. ``cwd``: the directory the spec's relative paths and the
     job's submission start from (default: here). Raises :class:`LintFailed` on errors; a
     UserError raised by planning carries the lint's ``warnings`` too."""
-    from ..config import resolve
-    from ..plan import plan
-    from ..templating import SearchPath
+    from ..submit.config import resolve
+    from ..submit.plan import plan
+    from ..submit.templating import SearchPath
 
     r = resolve(spec, profile_path, sets, **({"cwd": cwd} if cwd is not None else {}))
     findings = check(r, cwd, against_slurm)
@@ -72,8 +72,8 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
 def validate_templates(path, names: list[str], specs: list[Path],
                        profile_path: str | None) -> list[str]:
     """Render every template in ``names`` against every example spec; problems as strings."""
-    from ..config import resolve
-    from ..plan import plan
+    from ..submit.config import resolve
+    from ..submit.plan import plan
 
     problems = []
     for spec in specs:
@@ -99,8 +99,8 @@ def held(request: BatchRequest) -> BatchRequest:
 def submit(request: BatchRequest, hold: bool = False) -> Submitted:
     """Refuse before sbatch what would go wrong in the job (a checkpoint directory another
     live job writes, or one whose run has finished), then write the script and call sbatch."""
-    from ..attempts import check_before_submit
-    from ..plan import submit as sbatch
+    from ..runs.attempts import check_before_submit
+    from ..submit.plan import submit as sbatch
 
     check_before_submit(request.job, request.workdir)
     return sbatch(held(request) if hold else request)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..records import Record, record
-from ..rundir import RunDir
+from ..runs.rundir import RunDir
 
 
 def progress_line(state, progress: dict | None) -> str:
     """One line: state, elapsed (why it waits, when pending), and the job's latest step,
     epoch, throughput and loss."""
-    from ..jobs import explain_pending
+    from ..runs.jobs import explain_pending
 
     parts = [state.state]
     if state.elapsed:
@@ -66,7 +66,7 @@ class StatusRecord(Record):
     @classmethod
     def live(cls, state, run_dir: str | Path | None) -> "StatusRecord":
         """State and progress only: what a job being followed shows every second."""
-        from ..results import read_progress
+        from ..runs.results import read_progress
 
         return cls(job_id=state.job_id, state=state, run_dir=Path(run_dir) if run_dir else None,
                    progress=read_progress(run_dir) if run_dir else None)
@@ -80,7 +80,7 @@ class StatusRecord(Record):
 
     def to_json(self) -> dict:
         """`status --json`."""
-        from .. import attempts
+        from ..runs import attempts
 
         payload = {**self.state.to_json(), "run_dir": str(self.run_dir) if self.run_dir else None,
                    "progress": self.progress, "name": self.name}
@@ -97,8 +97,8 @@ class StatusRecord(Record):
 
     def lines(self) -> list[str]:
         """`status` as text."""
-        from .. import attempts
-        from ..results import describe_run, describe_stop
+        from ..runs import attempts
+        from ..runs.results import describe_run, describe_stop
 
         s, r = self.state, self.results
         name = f" ({self.name})" if self.name else ""
@@ -136,8 +136,8 @@ class StatusRecord(Record):
 
 
 def _last_checkpoint(run_dir: Path) -> str:
-    from ..attempts import checkpoint_root, newest_checkpoint
-    from ..runtime.train import load_job
+    from ..runs.attempts import checkpoint_root, newest_checkpoint
+    from ..runtime.job_io import load_job
 
     job = load_job(str(RunDir(run_dir).job))
     if not job.train.checkpoint.enabled:
@@ -152,8 +152,8 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
     """RUN (a job id, a run directory, or a job name: its latest run in the registry of
     ``workdir``, here by default) as Slurm and its run directory show it now. A job id
     submitted elsewhere is looked up in the registry of the directory Slurm says it came from."""
-    from .. import attempts, jobs, registry
-    from ..results import Results, read_progress
+    from ..runs import attempts, jobs, registry
+    from ..runs.results import Results, read_progress
 
     job_id, entry = registry.locate(Path(workdir or Path.cwd()), run)
     state = jobs.query(job_id)
@@ -175,8 +175,8 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
 
 def describe_many(entries: list[dict]) -> list[StatusRecord]:
     """The registry's entries as Slurm knows them now: one query for all of them."""
-    from .. import jobs
-    from ..results import read_progress
+    from ..runs import jobs
+    from ..runs.results import read_progress
 
     states = jobs.query_many([e["job_id"] for e in entries]) if entries else {}
     return [StatusRecord(job_id=e["job_id"], state=states.get(e["job_id"]), entry=e,

@@ -6,7 +6,7 @@ from typing import Callable
 
 from ..errors import JobFailed, JobInputFailed, JobPreempted
 from ..records import Record, record
-from ..rundir import RunDir
+from ..runs.rundir import RunDir
 from .status import StatusRecord
 
 # How a followed job ended, and the exit code a command gives each.
@@ -46,7 +46,7 @@ class Outcome(Record):
     def error(self) -> Exception | None:
         """The exception a command ends with (its exit code is the outcome's), or None."""
         if self.exit_class == NEVER_STARTS:
-            from ..jobs import NeverStarts
+            from ..runs.jobs import NeverStarts
 
             return NeverStarts(self.message)
         if self.exit_class == INPUT_ERROR:
@@ -71,8 +71,8 @@ def wait(job_id: str, run_dir: str, timeout: float | None = None,
     """Follow ``job_id`` to its end. ``on_progress(record)`` when its state changes and about
     every second after (state and the run directory's latest progress: the live line).
     Giving up after ``timeout`` seconds is a UserError; the job goes on."""
-    from .. import jobs
-    from ..results import Results
+    from ..runs import jobs
+    from ..runs.results import Results
 
     current = {"state": None}
 

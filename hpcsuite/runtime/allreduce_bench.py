@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 # Run as a script (runpy.run_path): absolute imports only.
-from hpcsuite.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
+from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
 NAME = "allreduce-bench"
 DEFAULT_SIZES = tuple(4 * 4 ** k for k in range(13))      # 4 B, 16 B, ... 64 MiB
 MAX_SIZE = 1 << 30                                         # 1 GiB: several buffers per rank
@@ -236,7 +236,7 @@ def merge_passes(before: dict[int, dict], after: dict[int, dict]) -> dict[int, d
 
 def report(sizes, mpi, horovod, n, hosts, settings, versions) -> dict:
     """The allreduce.json content: per size times, bandwidths and iterations, and the fits."""
-    from hpcsuite.alphabeta import FitError, algorithm_bandwidth, bus_bandwidth, fit
+    from hpcsuite.study.alphabeta import FitError, algorithm_bandwidth, bus_bandwidth, fit
 
     points = []
     for size in sizes:

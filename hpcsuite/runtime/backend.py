@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from ..spec import JobSpec, precision_problem
+from ..submit.spec import JobSpec, precision_problem
 
 
 class HorovodBackend:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import UserError
-from ..spec import Data
+from ..submit.spec import Data
 
 SHARD = re.compile(r"^(inputs|labels)-(\d+)\.npy$")
 

@@ -13,8 +13,8 @@ import socket
 from pathlib import Path
 
 from ..errors import UserError
-from ..rundir import RunDir
-from ..spec import JobSpec, spec_from_dict
+from ..runs.rundir import RunDir
+from ..submit.spec import JobSpec, spec_from_dict
 
 
 def load_job(path: str) -> JobSpec:
@@ -55,7 +55,7 @@ def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
 
 
 def publish(run_dir: Path, results) -> Path:
-    """Rank 0's last act: ``results`` (a :class:`~hpcsuite.results.Results`) stamped with the
+    """Rank 0's last act: ``results`` (a :class:`~hpcsuite.runs.results.Results`) stamped with the
     Slurm job and attempt, written as results.json, and the preemption marker set or cleared."""
     results.job_id = job_id()
     results.attempt = attempt()

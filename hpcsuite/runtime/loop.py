@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 import numpy as np
 
 from ..errors import UserError
-from ..rundir import RunDir
-from ..spec import JobSpec
+from ..runs.rundir import RunDir
+from ..submit.spec import JobSpec
 from .checkpoint import Loaded
 from .data import open_train_eval
 from .job_io import attempt, hostname
@@ -31,7 +31,7 @@ from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
 
 if TYPE_CHECKING:
-    from ..results import Results
+    from ..runs.results import Results
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ one :class:`Policy`, held by their :class:`~.session.Session`; neither it nor th
 
 from __future__ import annotations
 
-from ..spec import JobSpec
+from ..submit.spec import JobSpec
 
 # Ranks agree on time- and signal-driven decisions (checkpoint now, stop now) through one tiny
 # allreduce (a "vote") posted after a step and read after the next one: it travels with that

@@ -4,7 +4,7 @@ process before submitting, so a mistake costs seconds instead of a queue wait.
 It opens the job's data (calling a data factory), builds the model with the job's backend (the
 user's builder, the backend of what it returns), runs two samples through the model and the
 loss (output shape against the data, one loss per sample), exactly as a rank does, as a single
-Horovod process. Run by :func:`hpcsuite.lint.build_findings` in a subprocess (this imports the
+Horovod process. Run by :func:`hpcsuite.submit.lint.build_findings` in a subprocess (this imports the
 framework; the CLI never does), which reads one JSON line: ``{"findings": [[key, message]]}``.
 """
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from ..spec import Schedule
+from ..submit.spec import Schedule
 
 
 def peak_rate(s: Schedule, lr: float, world: int) -> float:

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..rundir import RunDir
-from ..spec import JobSpec
+from ..runs.rundir import RunDir
+from ..submit.spec import JobSpec
 
 
 def run_script(job: JobSpec, run_dir: Path) -> None:

@@ -26,11 +26,11 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..attempts import checkpoint_root
+from ..runs.attempts import checkpoint_root
 from ..errors import UserError
-from ..results import Results, step_stats, write_progress
-from ..rundir import RunDir
-from ..spec import JobSpec
+from ..runs.results import Results, step_stats, write_progress
+from ..runs.rundir import RunDir
+from ..submit.spec import JobSpec
 from . import vote
 from .checkpoint import CheckpointStore, Loaded
 from .job_io import attempt, hostname, job_id
@@ -239,7 +239,7 @@ class Session:
         return self.stop_reason if self.stopped else "completed"
 
     def write_rank_record(self, record: dict) -> None:
-        from ..results import write_json_atomic
+        from ..runs.results import write_json_atomic
 
         write_json_atomic(RunDir(self.run_dir).rank_record(self.rank), record)
 

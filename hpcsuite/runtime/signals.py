@@ -7,7 +7,7 @@ killing the rank. The managed loop and script mode (:mod:`hpcsuite.api`) read th
 Two gaps remain that no handler can close, and the batch script closes them (see the
 template's launch block): a signal that comes before the ranks exist (the launcher forwards it
 to nobody), and one that comes in the first milliseconds of a rank's interpreter. So the batch
-shell's trap first writes a stop request (:meth:`~hpcsuite.rundir.RunDir.stop_requested`) into
+shell's trap first writes a stop request (:meth:`~hpcsuite.runs.rundir.RunDir.stop_requested`) into
 the run directory, then waits until every rank has said it is ready (:func:`announce_ready`: its
 handler is installed) before it forwards the signal; a rank that becomes ready reads the stop
 request itself.
@@ -20,9 +20,9 @@ import signal
 import time
 from pathlib import Path
 
-from ..rundir import RunDir
-# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
-from ..rundir import READY as READY_DIR, STOP_REQUESTED as STOP_REQUEST  # noqa: F401
+from ..runs.rundir import RunDir
+# the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
+from ..runs.rundir import READY as READY_DIR, STOP_REQUESTED as STOP_REQUEST  # noqa: F401
 
 EARLY_SIGNALS = ("USR1", "USR2", "TERM")   # caught before the job says which one it uses
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..usercode import blame
-from ..spec import JobSpec, Optimizer
+from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
 from . import vote
 from .data import MAX_BLOCK, block_size, plan_blocks, read_block

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..rundir import RunDir
+from ..runs.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

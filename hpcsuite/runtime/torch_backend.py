@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..usercode import blame
-from ..spec import JobSpec, Optimizer
+from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
 from .data import Buffers, block_size, plan_blocks, read_block
 

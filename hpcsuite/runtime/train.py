@@ -16,13 +16,13 @@ import traceback
 from pathlib import Path
 
 from ..errors import UserError, count
-from ..rundir import ENV, RunDir
-from ..spec import JobSpec
+from ..runs.rundir import ENV, RunDir
+from ..submit.spec import JobSpec
 from .job_io import hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
 from .signals import FLAG, announce_ready
 
-# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
-from ..rundir import FAILED as FAILED_MARKER, LOGS as RANK_LOGS  # noqa: F401
+# the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
+from ..runs.rundir import FAILED as FAILED_MARKER, LOGS as RANK_LOGS  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def run_managed(job: JobSpec, run_dir: Path) -> None:
 def finish(run_dir: Path, per_rank: dict, results) -> None:
     """Write this rank's record; on rank 0 also results.json and the preemption marker that
     the template's requeue logic reads."""
-    from ..results import write_json_atomic
+    from ..runs.results import write_json_atomic
 
     write_json_atomic(RunDir(run_dir).rank_record(per_rank["rank"]), per_rank)
     if results is None:

@@ -1,5 +1,5 @@
 """Where each point of a study is: the study's own status (state.json) beside Slurm's state of
-the point's job, asked now in one query for all of them (:func:`hpcsuite.jobs.query_many`).
+the point's job, asked now in one query for all of them (:func:`hpcsuite.runs.jobs.query_many`).
 
 state.json's Slurm state is the one the last ``study run`` saw, often RUNNING for a job that
 has written its results and not yet ended; a finished study shows each job's final state only
@@ -9,17 +9,17 @@ knows a job, the row shows state.json's, and says so.
 
 from __future__ import annotations
 
-from .errors import UserError
-from .study import StudyDir
+from ..errors import UserError
+from .points import StudyDir
 
 RECORDED = "state.json"   # the source of a Slurm state that was not asked now
 
 
 def status(sd: StudyDir, query=None) -> tuple[list[dict], str | None]:
     """(one row per point, a note when any Slurm state is state.json's). ``query``: the
-    many-jobs state query, :func:`hpcsuite.jobs.query_many` unless a test gives another."""
+    many-jobs state query, :func:`hpcsuite.runs.jobs.query_many` unless a test gives another."""
     if query is None:
-        from .jobs import query_many as query
+        from ..runs.jobs import query_many as query
     state = sd.state()
     ids = sorted({str(e["job_id"]) for e in state.values() if e.get("job_id")})
     live, note = {}, None

@@ -16,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 from .rundir import RunDir
 
 DIRNAME = ".hpcsuite"
@@ -111,7 +111,7 @@ def find(workdir: str | Path, run: str) -> dict | None:
 def locate(workdir: str | Path, run: str) -> tuple[str, dict | None]:
     """(job id, registry entry or None) for RUN as a user types it: a job id, a run directory,
     or a job name (its latest run) from the registry of ``workdir``."""
-    from .errors import show
+    from ..errors import show
     from .jobs import _check_id
 
     entry = find(workdir, run)

@@ -22,8 +22,8 @@ Rules followed (Slurm 22.05, with the change of later releases noted):
 from __future__ import annotations
 
 
-from .records import Record, record
-from .errors import UserError
+from ..records import Record, record
+from ..errors import UserError
 
 MAGIC = ("#SBATCH", "#SLURM")
 

@@ -15,9 +15,9 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import slurm
-from .errors import UserError
-from .profile import SiteProfile
+from .. import slurm
+from ..errors import UserError
+from ..submit.site_profile import SiteProfile
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 

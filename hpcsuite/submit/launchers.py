@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .records import Record, record
-from .errors import UserError, close_match
-from .profile import Mpi
-from .shell import Raw
+from ..records import Record, record
+from ..errors import UserError, close_match
+from .site_profile import Mpi
+from ..shell import Raw
 from .spec import JobSpec
 
 

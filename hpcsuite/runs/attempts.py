@@ -25,9 +25,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 from .rundir import RunDir, RunRoot
-# the run directory's names, for modules that take them from here (hpcsuite.rundir owns them)
+# the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
 OWNER = "OWNER.json"
@@ -114,7 +114,7 @@ def counts(records: list[dict]) -> Counts:
 def _earlier_states(job_id: str) -> list[str]:
     """Slurm accounting's state of each earlier attempt of ``job_id``, oldest first ([] when
     the cluster keeps no accounting)."""
-    from . import slurm
+    from .. import slurm
 
     try:
         done = slurm.call(["sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", "State"],
@@ -174,7 +174,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     """After the launcher returned ``status``: record the outcome, requeue the job when the
     spec and the budget allow, release the checkpoint directory otherwise. Returns the exit
     status for the batch script."""
-    from . import slurm
+    from .. import slurm
 
     run_dir = Path(run_dir)
     n = attempt_number()
@@ -235,7 +235,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
 # ------------------------------------------------------------------- checkpoint ownership
 def _live_state(job_id: str) -> str | None:
     """The state of ``job_id`` when Slurm still runs or queues it, else None."""
-    from . import slurm
+    from .. import slurm
 
     if not job_id.isdigit():
         return None

@@ -10,7 +10,7 @@ bandwidth (``busbw = S/t · 2(N−1)/N``) of large messages: the number to compa
 sizes. :func:`fit` finds α and B from `hpcsuite bench allreduce` measurements; the result
 predicts the communication time of a step from its gradient bytes::
 
-    from hpcsuite.alphabeta import AlphaBeta
+    from hpcsuite.study.alphabeta import AlphaBeta
     model = AlphaBeta.from_json(report["fit"]["horovod"])
     seconds = model.predict(gradient_bytes, n=8, tensors=gradient_tensors)
 

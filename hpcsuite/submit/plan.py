@@ -8,18 +8,19 @@ import os
 from dataclasses import field
 from pathlib import Path
 
-from .records import Record, record
-from . import __version__, rundir
+from ..records import Record, record
+from .. import __version__
+from ..runs import rundir
 from .launchers import LaunchContext, get_launcher
-from .profile import SiteProfile
+from .site_profile import SiteProfile
 from .sbatch_header import HeaderError, check_fixed
-from .shell import Raw, join
+from ..shell import Raw, join
 from .spec import JobSpec
 from .templating import SearchPath, render
 
 # Horovod reads these at hvd.init(); the template exports them for every rank.
 def horovod_environment(job: JobSpec) -> dict[str, str]:
-    """The HOROVOD_* variables of train.horovod, from the one table (:mod:`hpcsuite.knobs`)."""
+    """The HOROVOD_* variables of train.horovod, from the one table (:mod:`hpcsuite.submit.knobs`)."""
     from .knobs import environment
 
     files = {"timeline": Raw(rundir.in_shell(rundir.HOROVOD_TIMELINE)),
@@ -218,7 +219,7 @@ class Submitted(Record):
 
 def submit(request: BatchRequest) -> Submitted:
     """Write the script, call sbatch from the work directory, record what was submitted."""
-    from . import slurm
+    from .. import slurm
     root = rundir.RunRoot(Path(request.workdir) / request.run_root)
     root.path.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -244,7 +245,7 @@ def submit(request: BatchRequest) -> Submitted:
     }, indent=2) + "\n")
     import logging
 
-    from . import registry
+    from ..runs import registry
 
     try:   # the job is in Slurm's hands now: a failure to record it must not hide its id
         run.profile.write_text(json.dumps(request.profile, indent=2, sort_keys=True) + "\n")

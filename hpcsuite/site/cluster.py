@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import slurm
-from .errors import UserError
+from .. import slurm
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 

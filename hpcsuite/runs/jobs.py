@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import slurm
-from .errors import UserError
+from .. import slurm
+from ..errors import UserError
 from .rundir import RunDir
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -48,7 +48,7 @@ class JobState:
 
 def _check_id(job_id: str) -> str:
     if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 12):
-        from .errors import show
+        from ..errors import show
 
         raise UserError(f"job id must be a number, got {show(job_id)}")
     return job_id

@@ -1,7 +1,7 @@
 """Layered configuration: built-in < site < user < project < job spec < --set.
 
 Site, user and project layers are profile files (YAML) that hold site-profile keys
-(:class:`~hpcsuite.profile.SiteProfile`), ``env`` (environment for every rank: a shorthand for
+(:class:`~hpcsuite.submit.site_profile.SiteProfile`), ``env`` (environment for every rank: a shorthand for
 ``defaults.env``), ``defaults`` (any job-spec keys) and, in the site layer only, ``locked``: job
 keys (``resources.partition``) and profile keys (``site.python``) no later layer may change.
 Every layer is validated on its own, so an error names the file that holds the bad key; then
@@ -25,9 +25,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from .records import Record, record
-from .errors import ConfigError, UserError, close_match, key_text, show
-from .profile import SiteProfile
+from ..records import Record, record
+from ..errors import ConfigError, UserError, close_match, key_text, show
+from .site_profile import SiteProfile
 from .schema import build, convert, key_paths, read_yaml, to_dict
 from .strict_yaml import Ambiguous, StrictYAMLError, load
 from .spec import JobSpec, spec_from_dict

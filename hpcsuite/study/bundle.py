@@ -1,5 +1,5 @@
 """A study's bundle: the names of its files, the copy of its inputs and their sha256, its
-record of versions. What a study directory holds is :mod:`hpcsuite.study`'s docstring."""
+record of versions. What a study directory holds is :mod:`hpcsuite.study.points`'s docstring."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import UserError
+from ..errors import UserError
 
 if TYPE_CHECKING:
-    from .spec import JobSpec
+    from ..submit.spec import JobSpec
 
 
 class Bundled(Protocol):
-    """What this module needs of a study directory (:class:`hpcsuite.study.StudyDir`, which
+    """What this module needs of a study directory (:class:`hpcsuite.study.points.StudyDir`, which
     imports this module: naming it here would make the two import each other)."""
 
     path: Path
@@ -118,17 +118,17 @@ def verify_bundle(study_dir: Path) -> None:
 
 
 def write_environment(study_dir: Path, ask: bool = True) -> None:
-    """environment.json: the versions (:mod:`hpcsuite.study_env`). ``ask=False`` (a dry run)
+    """environment.json: the versions (:mod:`hpcsuite.study.env`). ``ask=False`` (a dry run)
     takes the tools' answers from the installation's cache only; the ones it lacks are marked
     pending and asked by the first real run (:func:`complete_environment`)."""
-    from .study_env import environment
+    from .env import environment
 
     (study_dir / ENVIRONMENT).write_text(json.dumps(environment(ask=ask), indent=2) + "\n")
 
 
 def complete_environment(sd: Bundled) -> None:
     """Ask the tools a dry run left pending, and re-record the bundle's sha256."""
-    from .study_env import pending
+    from .env import pending
 
     path = sd.path / ENVIRONMENT
     try:

@@ -1,8 +1,8 @@
 """The one table of Horovod's knobs (``train.horovod.*``): name, default, the HOROVOD_*
 variables each becomes for every rank, and whether a scaling study may sweep it.
 
-:mod:`hpcsuite.spec` takes its defaults from here and refuses the variables in ``env``;
-:mod:`hpcsuite.plan` renders the variables with :func:`environment`; :mod:`hpcsuite.study`
+:mod:`hpcsuite.submit.spec` takes its defaults from here and refuses the variables in ``env``;
+:mod:`hpcsuite.submit.plan` renders the variables with :func:`environment`; :mod:`hpcsuite.study.points`
 offers the sweepable ones as ``horovod.<knob>`` axes. Light: the standard library and
 :mod:`hpcsuite.shell` only.
 """
@@ -71,7 +71,7 @@ def default(name: str) -> Any:
 
 
 def environment(horovod, files: dict, timeline_window: bool = False) -> dict[str, str]:
-    """The HOROVOD_* variables of ``horovod`` (a :class:`hpcsuite.spec.HorovodKnobs`), in the
+    """The HOROVOD_* variables of ``horovod`` (a :class:`hpcsuite.submit.spec.HorovodKnobs`), in the
     table's order. ``files``: ``timeline`` and ``autotune_log``, the run directory's paths as
     shell fragments. ``timeline_window``: train.monitor.timeline_steps records a window of the
     timeline from Python."""

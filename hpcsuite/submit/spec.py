@@ -7,12 +7,12 @@ from dataclasses import field
 from typing import Any, Literal, Optional, Union
 
 from . import knobs as _knobs
-from .records import Record, record
+from ..records import Record, record
 from .schema import build, read_yaml, to_dict
 
 # Allow-lists for values that reach an #SBATCH line. sbatch reads its header with its own
 # tokeniser (quotes, backslashes, '#' and white space are all special to it), so these values
-# are never quoted there: they must not need quoting. See hpcsuite/sbatch_header.py.
+# are never quoted there: they must not need quoting. See hpcsuite/submit/sbatch_header.py.
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 NAME_HELP = "letters, digits, _ . - (starting with a letter or digit, at most 64)"
 WALLTIME = (r"\d{1,7}(:\d{1,2})?"                               # minutes[:seconds]
@@ -53,7 +53,7 @@ PY_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 USER_REF = rf"(?:{PY_FILE}|{PY_MODULE}):[A-Za-z_][A-Za-z0-9_]*"
 USER_REF_HELP = "FILE.py:function or package.module:function"
 
-# Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.knobs).
+# Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.submit.knobs).
 HOROVOD_KNOBS = _knobs.BY_ENV
 # Variables bash gives meaning to (exporting them changes how the batch script itself runs).
 SHELL_VARS = frozenset(
@@ -252,7 +252,7 @@ class Data(Record):
 @record
 class HorovodKnobs(Record):
     """Rendered as HOROVOD_* variables for every rank by the template (not set from Python);
-    names, defaults and variables: :data:`hpcsuite.knobs.KNOBS`."""
+    names, defaults and variables: :data:`hpcsuite.submit.knobs.KNOBS`."""
     compression: Literal["none", "fp16"] = _knobs.default("compression")
     op: Literal["average", "adasum"] = _knobs.default("op")
     fusion_threshold_mb: int = field(default=_knobs.default("fusion_threshold_mb"),

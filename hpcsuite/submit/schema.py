@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from .errors import ConfigError, UserError, close_match, key_text, show
+from ..errors import ConfigError, UserError, close_match, key_text, show
 from .strict_yaml import MAX_FILE_BYTES, Ambiguous, Number, StrictYAMLError, load
 
 # The longest string any value may be (a path is at most 4096 bytes on Linux).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 from .rundir import RunDir
 
 

@@ -6,7 +6,7 @@ a complete job spec checked against the site's rules before anything is submitte
 training points come the no-communication limit (the same job with
 ``train.horovod.allreduce: false``) and one allreduce benchmark per multi-rank allocation, so
 the report can read each point's efficiency against what the hardware allows and explain it
-with the ring-allreduce model (:mod:`hpcsuite.alphabeta`).
+with the ring-allreduce model (:mod:`hpcsuite.study.alphabeta`).
 
 The study directory is the bundle::
 
@@ -21,9 +21,9 @@ The study directory is the bundle::
     runs/                  the jobs' run directories (results.json, logs)
 
 Every point runs from ``inputs/``, so a study is re-run from its bundle alone
-(:func:`rerun`) and two bundles are compared input by input (:mod:`hpcsuite.study_compare`).
-The bundle's files and their sha256 are :mod:`hpcsuite.study_bundle`'s, following the points
-in Slurm :mod:`hpcsuite.study_run`'s, the versions :mod:`hpcsuite.study_env`'s.
+(:func:`rerun`) and two bundles are compared input by input (:mod:`hpcsuite.study.compare`).
+The bundle's files and their sha256 are :mod:`hpcsuite.study.bundle`'s, following the points
+in Slurm :mod:`hpcsuite.study.run`'s, the versions :mod:`hpcsuite.study.env`'s.
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
-from . import registry
-from .errors import ConfigError, UserError, show
-from .knobs import SWEEPABLE
-from .records import Record, record
-from .schema import build, read_yaml
-from .spec import PATH, PATH_HELP, JobSpec
-from .study_bundle import (BUNDLE_FILE, POINTS_FILE, STATE_FILE, STUDY_FILE, copy_inputs,
-                           external_inputs, file_sha256, verify_bundle, write_environment,
-                           write_manifest)
+from ..runs import registry
+from ..errors import ConfigError, UserError, show
+from ..submit.knobs import SWEEPABLE
+from ..records import Record, record
+from ..submit.schema import build, read_yaml
+from ..submit.spec import PATH, PATH_HELP, JobSpec
+from .bundle import (BUNDLE_FILE, POINTS_FILE, STATE_FILE, STUDY_FILE, copy_inputs, external_inputs,
+                     file_sha256, verify_bundle, write_environment, write_manifest)
 
 MAX_ATTEMPTS = 3
 
@@ -58,7 +57,7 @@ AXES = {
     "precision": "train.precision",
     "grad_accumulation": "train.grad_accumulation",
 }
-HOROVOD_AXES = SWEEPABLE      # horovod.<knob>: the knobs hpcsuite.knobs marks sweepable
+HOROVOD_AXES = SWEEPABLE      # horovod.<knob>: the knobs hpcsuite.submit.knobs marks sweepable
 # The axes that say where a point runs; the others make a series.
 PLACEMENT = ("nodes", "tasks_per_node")
 
@@ -213,7 +212,7 @@ class StudyDir:
 
     def point_script(self, point: Point) -> Path:
         """The point's rendered script, named as a run directory names its own."""
-        from .rundir import SCRIPT
+        from ..runs.rundir import SCRIPT
 
         return self.path / "points" / point.id / SCRIPT
 
@@ -230,7 +229,7 @@ class StudyDir:
         return self._json(STATE_FILE) if (self.path / STATE_FILE).is_file() else {}
 
     def save_state(self, state: dict) -> None:
-        from .results import write_json_atomic
+        from ..runs.results import write_json_atomic
 
         write_json_atomic(self.path / STATE_FILE, state)
 
@@ -260,8 +259,8 @@ def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, po
     Slurm's partition can never give the point."""
     import yaml
 
-    from .runner import LintFailed, prepare
-    from .runtime.allreduce_bench import job_spec
+    from ..runner import LintFailed, prepare
+    from ..runtime.allreduce_bench import job_spec
 
     if point.kind == "allreduce":
         spec_path = sd.path / "points" / point.id / "allreduce.yaml"
@@ -331,7 +330,7 @@ def create(study_path: str, directory: str | None, profile_path: str | None,
 
 
 def base_job(base_spec: Path, profile_path: str | None) -> JobSpec:
-    from .config import resolve
+    from ..submit.config import resolve
 
     return resolve(str(base_spec), profile_path, cwd=base_spec.parent).job
 
@@ -362,7 +361,7 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise UserError(f"{len(problems)} of {len(points)} points break the site's rules or the "
                         "job schema; nothing was submitted:\n  " + "\n  ".join(shown))
-    from .results import write_json_atomic
+    from ..runs.results import write_json_atomic
 
     write_json_atomic(sd.path / POINTS_FILE, {"mode": study.mode,
                                               "points": [p.to_json() for p in points]})

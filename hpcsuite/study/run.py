@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
-from .records import Record, record
-from .rundir import RunDir
-from .study import MAX_ATTEMPTS, Point, StudyDir, base_job, point_request
-from .study_bundle import complete_environment
+from ..errors import UserError
+from ..records import Record, record
+from ..runs.rundir import RunDir
+from .points import MAX_ATTEMPTS, Point, StudyDir, base_job, point_request
+from .bundle import complete_environment
 
 
 @record
@@ -53,7 +53,7 @@ def point_done(sd: StudyDir, point: Point, entry: dict) -> bool:
 
 def refresh(sd: StudyDir, state: dict) -> None:
     """Bring each submitted point's entry up to date with Slurm."""
-    from . import jobs
+    from ..runs import jobs
 
     points = {p.id: p for p in sd.points()}
     open_ = {pid: e for pid, e in state.items()
@@ -77,7 +77,7 @@ def refresh(sd: StudyDir, state: dict) -> None:
 
 def step(sd: StudyDir, profile_path: str | None, say: Callable[[str], None]) -> Progress:
     """One pass: refresh, then submit what fits under max_in_flight. Saves the state."""
-    from .plan import submit
+    from ..submit.plan import submit
 
     study = sd.study()
     state = sd.state()

@@ -1,7 +1,7 @@
 """The site profile: what the cluster looks like and how jobs start on it.
 
 A sysadmin writes it once (``$HPCSUITE_SITE_DIR/profile.yaml`` or ``/etc/hpcsuite/profile.yaml``);
-users and projects may add their own layers (see :mod:`hpcsuite.config`).
+users and projects may add their own layers (see :mod:`hpcsuite.submit.config`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import sys
 from dataclasses import field
 from typing import Optional
 
-from .records import Record, record
-from .spec import (CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP,
-                   Binding, _m)
+from ..records import Record, record
+from .spec import CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding, _m
 
 MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
 
@@ -54,7 +53,7 @@ def sbatch_allowed_problem(option: str) -> str | None:
     if option in REFUSED_OPTIONS:
         return f"--{option} cannot be passed through hpcsuite ({REFUSED_OPTIONS[option]})"
     if option not in LONG:
-        from .errors import close_match
+        from ..errors import close_match
 
         return f"--{option} is not an sbatch option (Slurm 22.05){close_match(option, LONG)}"
     return None

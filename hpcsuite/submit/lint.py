@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .records import Record, record
-from .errors import close_match, count
-from .profile import SiteProfile
+from ..records import Record, record
+from ..errors import close_match, count
+from .site_profile import SiteProfile
 from .spec import JobSpec
 
 
@@ -47,7 +47,7 @@ def walltime_seconds(text: str) -> int:
 
 def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
     """Each FILE.py:function in the spec exists and defines that function (read, not run)."""
-    from . import usercode
+    from .. import usercode
 
     t = job.train
     dirs = usercode.search_dirs(t.pythonpath, base)
@@ -204,7 +204,7 @@ def cluster_findings(job: JobSpec, part, names: list[str] | None = None) -> list
 def slurm_findings(job: JobSpec) -> list[Finding]:
     """:func:`cluster_findings` against the Slurm that ``SLURM_CONF`` points to (two quick
     scontrol/sinfo calls); a Slurm that does not answer is a UserError."""
-    from . import slurm
+    from .. import slurm
 
     part = slurm.partition(job.resources.partition)
     return cluster_findings(job, part, slurm.partition_names() if part is None else None)
@@ -222,7 +222,7 @@ def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
     import sys
     import tempfile
 
-    from .rundir import RunDir
+    from ..runs.rundir import RunDir
 
     with tempfile.TemporaryDirectory(prefix="hpcsuite-build-") as tmp:
         path = RunDir(tmp).job           # where a rank finds it: $HPCSUITE_RUN_DIR

@@ -1,7 +1,7 @@
 """Two studies side by side: their inputs (sha256), resolved job specs, versions and each
 configuration's throughput, marked where the difference is beyond the repeats' spread.
 
-Versions are compared as one short line each (:func:`hpcsuite.study_env.summary`); a version
+Versions are compared as one short line each (:func:`hpcsuite.study.env.summary`); a version
 that either study failed to record is a warning, never a difference.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 
-from .study import StudyDir
-from .study_bundle import BUNDLE_FILE, ENVIRONMENT, read_manifest
-from .study_env import failed, pending, summary
-from .study_env import warnings as warnings_of
-from .study_report import analyse, axes_label
+from .points import StudyDir
+from .bundle import BUNDLE_FILE, ENVIRONMENT, read_manifest
+from .env import failed, pending, summary
+from .env import warnings as warnings_of
+from .report import analyse, axes_label
 
 
 def _flatten(tree, prefix=""):

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 from .results import Results
-from .rundir import (LOSS_PLOT, METRICS_PLOT, THROUGHPUT_PLOT, UTILISATION_PLOT, RunDir,
-                     timeline_window_steps)
+from .rundir import LOSS_PLOT, METRICS_PLOT, THROUGHPUT_PLOT, UTILISATION_PLOT, RunDir, timeline_window_steps
 
 
 def load(run_dir: Path) -> Results:

@@ -48,7 +48,7 @@ def _version(dist: str) -> str | None:
 
 def packages() -> dict:
     """Versions read from package metadata: cheap, read every time."""
-    from . import __version__
+    from .. import __version__
 
     return {
         "hpcsuite": __version__,
@@ -112,8 +112,8 @@ def installation_key(versions: dict) -> str:
 
 def _first_line(argv: list[str], timeout: float) -> str | dict:
     """The first line a tool prints, or {"error": why}."""
-    from . import slurm
-    from .errors import UserError
+    from .. import slurm
+    from ..errors import UserError
 
     try:
         done = slurm.call(argv, timeout=timeout, check=False)
@@ -129,7 +129,7 @@ def _first_line(argv: list[str], timeout: float) -> str | dict:
 def _horovod_build() -> dict:
     """What this Horovod was built with, as ``doctor`` reads it: {frameworks, controllers,
     operations} (sorted lists), or {"error": why}."""
-    from .doctor import horovod_build, parse_check_build
+    from ..site.doctor import horovod_build, parse_check_build
 
     code, out = horovod_build(sys.executable)
     if code != 0:
@@ -223,7 +223,7 @@ def warnings(env: dict, where: str = "") -> list[str]:
 def summary(value) -> str:
     """A value of the record on one short line: a build as its parts, long text cut."""
     if isinstance(value, str) and "Available Frameworks" in value:
-        from .doctor import parse_check_build   # a bundle made before builds were parsed
+        from ..site.doctor import parse_check_build   # a bundle made before builds were parsed
 
         value = {k: sorted(v) for k, v in parse_check_build(value).items()}
     if failed(value):

@@ -11,7 +11,7 @@ A configuration whose measurements cannot carry a diagnosis is flagged instead o
 communication overhead (:func:`flags`): repeats that disagree, or a no-communication limit
 that does not grow with the ranks (they competed for the CPU).
 
-The ring-allreduce model (:mod:`hpcsuite.alphabeta`), fitted to the study's allreduce
+The ring-allreduce model (:mod:`hpcsuite.study.alphabeta`), fitted to the study's allreduce
 benchmarks, predicts each point's communication per step from the gradient bytes the results
 record; the report sets it beside the measured overhead (step time minus the limit's step
 time), says where communication starts to dominate and which knob would help most, with the
@@ -27,10 +27,10 @@ import math
 import statistics
 from pathlib import Path
 
-from .errors import UserError
-from .study import Point, StudyDir
-from .study_bundle import ENVIRONMENT
-from .study_run import point_done, point_result
+from ..errors import UserError
+from .points import Point, StudyDir
+from .bundle import ENVIRONMENT
+from .run import point_done, point_result
 
 REPORT_DIR = "report"
 
@@ -148,7 +148,7 @@ def analyse(sd: StudyDir) -> dict:
 
 
 def environment_warnings(sd: StudyDir) -> list[str]:
-    from .study_env import warnings
+    from .env import warnings
 
     path = sd.path / ENVIRONMENT
     try:
@@ -208,7 +208,7 @@ def explain(row: dict, model, mpi=None) -> dict | None:
     results = row.get("results")
     if model is None or results is None or row["ranks"] < 2 or not row["step_s"]["median"]:
         return None
-    from .spec import HorovodKnobs
+    from ..submit.spec import HorovodKnobs
 
     knobs = {**{f: getattr(HorovodKnobs(), f) for f in ("compression", "fusion_threshold_mb",
                                                          "cycle_time_ms")},
@@ -435,7 +435,7 @@ def advice(row: dict) -> list[str]:
 
 def write(sd: StudyDir) -> tuple[dict, list[Path]]:
     """Analyse the study and write report.json, report.csv, report.txt and the plots."""
-    from .results import write_json_atomic
+    from ..runs.results import write_json_atomic
 
     report = analyse(sd)
     if not any(r["throughput"]["n"] for r in report["rows"]):
@@ -453,6 +453,6 @@ def write(sd: StudyDir) -> tuple[dict, list[Path]]:
     text = table(report)
     (folder / "report.txt").write_text(text + "\n")
     paths = [folder / "report.json", folder / "report.csv", folder / "report.txt"]
-    from .study_plots import plots
+    from .plots import plots
 
     return report, paths + plots(report, folder)

@@ -29,9 +29,9 @@ import jinja2
 import jinja2.runtime
 import jinja2.sandbox
 
-from .records import Record, record
-from .errors import UserError, close_match, show
-from .shell import Raw, Rendered, quote
+from ..records import Record, record
+from ..errors import UserError, close_match, show
+from ..shell import Raw, Rendered, quote
 
 SUFFIX = ".sbatch.j2"
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")   # as spec.TEMPLATE_NAME

@@ -1,0 +1,1 @@
+"""The machine hpcsuite runs on: the local Slurm cluster and the doctor's checks."""
