@@ -1,0 +1,113 @@
+"""The import directions docs/ARCHITECTURE.md promises, read from every module's AST (imports
+inside functions included: a lazy import is still a dependency)."""
+
+import ast
+
+import pytest
+
+from conftest import REPO
+
+PACKAGE = REPO / "hpcsuite"
+ROOMS = ("cli", "runner", "submit", "runs", "study", "site", "runtime")
+LEAVES = ("errors", "records", "shell", "slurm", "usercode")      # the shared core, at the top
+FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
+
+# What each room may import besides itself and the core leaves.
+ALLOWED = {
+    "cli": set(ROOMS) | {"api"},
+    "runner": {"submit", "runs", "runtime.job_io"},
+    "study": {"runner", "submit", "runs", "site", "runtime.allreduce_bench"},
+    "site": {"submit.site_profile"},
+    "submit": {"runs.rundir", "runs.registry", "templates"},
+    "runs": set(),
+    # runtime.script hands the user's script hpcsuite.api; the allreduce benchmark's report fits
+    # the ring model (the one named exception: a compute-node module reading study's α-β).
+    "runtime": {"submit.spec", "submit.lint", "runs.rundir", "runs.results", "runs.attempts",
+                "api", "models", "study.alphabeta"},
+}
+
+
+def module_name(path):
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path, top_level_only=False):
+    """Absolute names (without the leading ``hpcsuite.``) of what the module imports, or every
+    imported top-level name for third-party checks."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target in ("hpcsuite",) + tuple(f"hpcsuite.{r}" for r in ROOMS):
+                yield from (f"{target}.{a.name}" for a in node.names)
+            else:
+                yield target
+
+
+def room_of(dotted):
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def modules():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_each_room_imports_only_what_it_may(room):
+    offences = []
+    for path in modules():
+        if room_of(module_name(path)) != room:
+            continue
+        for target in imports(path):
+            if not target.startswith("hpcsuite.") or target == "hpcsuite.__version__":
+                continue
+            short = target.split(".", 1)[1]
+            if room_of(target) == room or short.split(".")[0] in LEAVES:
+                continue
+            if not any(short == a or short.startswith(a + ".") for a in ALLOWED[room]):
+                offences.append(f"{path.relative_to(REPO)} imports {target}")
+    assert not offences, "imports against docs/ARCHITECTURE.md:\n  " + "\n  ".join(offences)
+
+
+def test_nothing_outside_cli_imports_cli():
+    offences = [f"{p.relative_to(REPO)} imports {t}" for p in modules()
+                if room_of(module_name(p)) != "cli" and module_name(p) != "hpcsuite.__main__"
+                for t in imports(p) if room_of(t) == "cli"]
+    assert not offences, offences
+
+
+def test_the_core_leaves_import_only_each_other():
+    for leaf in LEAVES:
+        for target in imports(PACKAGE / f"{leaf}.py"):
+            if target.startswith("hpcsuite."):
+                assert target.split(".")[1] in LEAVES, f"hpcsuite/{leaf}.py imports {target}"
+
+
+def test_login_node_code_imports_no_framework_at_module_level():
+    """torch, TensorFlow and Horovod load only inside functions of the compute-node path."""
+    offences = []
+    for path in modules():
+        room = room_of(module_name(path))
+        if room == "runtime" or path.name == "api.py":
+            continue
+        offences += [f"{path.relative_to(REPO)} imports {t}" for t in imports(path, top_level_only=True)
+                     if t.split(".")[0] in FRAMEWORKS]
+    assert not offences, offences
+
+
+def test_the_rooms_are_packages_and_the_top_holds_only_the_core():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    # results: the README's `hpcsuite.results.Results`, re-exported from runs.results
+    assert top == set(LEAVES) | {"__init__", "__main__", "api", "results"}, sorted(top)
+    assert all((PACKAGE / r / "__init__.py").is_file() for r in ROOMS)
