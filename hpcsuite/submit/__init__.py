@@ -1,1 +1,2 @@
-"""From a job spec to an sbatch script: spec, schema, strict YAML, config and site profile, lint, plan, templating, header check, launchers."""
+"""From a job spec to an sbatch script: spec, schema, strict YAML, config and site profile, lint,
+plan, templating, header check, launchers."""
