@@ -375,7 +375,8 @@ def refusal_problem(output: str, files: list[str]) -> str | None:
         if "Usage:" in output and "Error:" in output:
             return None   # Click's own usage error (exit 2), naming the option
         return "no error line"
-    for line in [lines[starts[0]][len("error: "):], *lines[starts[0] + 1:]]:
+    # several errors: one line each, every one `error: FILE: key: ...`
+    for line in [l[len("error: "):] if l.startswith("error: ") else l for l in lines[starts[0]:]]:
         file = next((f for f in files if line.startswith(f)), None)
         if file is None:
             return f"names none of {files}: {line[:300]}"
