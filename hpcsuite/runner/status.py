@@ -135,11 +135,9 @@ class StatusRecord(Record):
                 "spec": e.get("spec"), "git": e.get("git")}
 
 
-def _last_checkpoint(run_dir: Path) -> str:
+def _last_checkpoint(job, run_dir: Path) -> str:
     from ..runs.attempts import checkpoint_root, newest_checkpoint
-    from ..runtime.job_io import load_job
 
-    job = load_job(str(RunDir(run_dir).job))
     if not job.train.checkpoint.enabled:
         return "checkpoints are off: its work is lost"
     newest = newest_checkpoint(checkpoint_root(job, run_dir))
@@ -164,13 +162,17 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
             entry = None                    # not ours to read: Slurm's view alone
     run_dir = Path(entry["run_dir"]) if entry and entry.get("run_dir") else None
     rd = RunDir(run_dir) if run_dir else None
+    from ..runtime.job_io import load_job
+
+    # Read whenever it is there: a damaged job.json is named (exit 2), never passed over.
+    job = load_job(str(rd.job)) if rd and rd.job.is_file() else None
     return StatusRecord(
         job_id=job_id, state=state, entry=entry, run_dir=run_dir,
         progress=read_progress(run_dir) if run_dir else None,
         results=Results.load(rd.results) if rd and rd.results.is_file() else None,
         records=attempts.read_records(run_dir) if run_dir else [],
-        timeout_note=_last_checkpoint(run_dir) if state.state == "TIMEOUT" and rd
-        and rd.job.is_file() else None)
+        timeout_note=_last_checkpoint(job, run_dir) if state.state == "TIMEOUT" and job
+        else None)
 
 
 def describe_many(entries: list[dict]) -> list[StatusRecord]:
