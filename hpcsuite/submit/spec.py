@@ -10,48 +10,11 @@ from . import knobs as _knobs
 from ..records import Record, record
 from .schema import build, read_yaml, to_dict
 
-# Allow-lists for values that reach an #SBATCH line. sbatch reads its header with its own
-# tokeniser (quotes, backslashes, '#' and white space are all special to it), so these values
-# are never quoted there: they must not need quoting. See hpcsuite/submit/sbatch_header.py.
-NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
-NAME_HELP = "letters, digits, _ . - (starting with a letter or digit, at most 64)"
-WALLTIME = (r"\d{1,7}(:\d{1,2})?"                               # minutes[:seconds]
-            r"|\d{1,4}:\d{1,2}:\d{1,2}"                         # hours:minutes:seconds
-            r"|\d{1,4}-\d{1,2}(:\d{1,2}(:\d{1,2})?)?")           # days-hours[:minutes[:seconds]]
-WALLTIME_HELP = ("Slurm's formats: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
-                 "(in quotes: YAML reads 10:00 unquoted as a number)")
-# Paths in the header: no '%' either, which Slurm expands in --output (%j, %u, ...).
-PATH = r"[A-Za-z0-9_.+@/][A-Za-z0-9_.+@/-]{0,1023}"
-PATH_HELP = "letters, digits and / . _ - + @ only, not starting with - (no % or spaces)"
-# A Slurm feature expression: names joined by & | , with counts [*N] and brackets.
-CONSTRAINT = r"[A-Za-z0-9_.,:|&*\[\]()-]{1,256}"
-CONSTRAINT_HELP = "a Slurm feature expression: names with & | , [ ] ( ) * :"
-MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
-              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
-EMAIL = r"[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,8}"
-# sbatch --begin, the forms of Slurm's parse_time() hpcsuite accepts (dates checked below).
-BEGIN = (r"\d{1,2}:\d{2}(:\d{2})?"                                      # HH:MM[:SS]
-         r"|now(\+\d{1,9}(seconds|minutes|hours|days|weeks)?)?"           # now[+N[units]]
-         r"|\d{4}-\d{2}-\d{2}(T\d{1,2}:\d{2}(:\d{2})?)?"                 # YYYY-MM-DD[THH:MM[:SS]]
-         r"|midnight|noon|elevenses|fika|teatime|today|tomorrow")
-BEGIN_HELP = ("Slurm's forms: HH:MM[:SS], now[+N[seconds|minutes|hours|days|weeks]], "
-              "YYYY-MM-DD[THH:MM[:SS]], midnight, noon, elevenses, fika, teatime, today, tomorrow")
-# CPU binding (Horovod's runner: --bind-to none --map-by slot, each rank manages its threads).
-_PLACES = "hwthread|core|l1cache|l2cache|l3cache|socket|package|numa|board"
-BIND_TO = rf"(none|{_PLACES})(:(overload-allowed|if-supported)(,(overload-allowed|if-supported))?)?"
-MAP_BY = (rf"(slot|node|seq|{_PLACES}|ppr:[1-9]\d{{0,3}}:(node|{_PLACES}))"
-          r"(:(PE=[1-9]\d{0,3}|span|oversubscribe|nooversubscribe|nolocal|noinherit|inherit)"
-          r"(,(PE=[1-9]\d{0,3}|span|oversubscribe|nooversubscribe|nolocal|noinherit|inherit)){0,5})?")
-CPU_BIND = (r"((quiet|verbose),)?(none|rank|sockets|cores|threads|ldoms|boards|rank_ldom"
-            r"|(map_cpu|mask_cpu|map_ldom|mask_ldom):[0-9A-Fa-fx,*]{1,1024})")
-ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
-TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}"
-# User code: FILE.py:function (relative to the submit directory or a train.pythonpath entry)
-# or package.module:function (importable from there or the environment).
-PY_FILE = r"[A-Za-z0-9_.+@/-]{0,1000}[A-Za-z0-9_+@-]\.py"
-PY_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-USER_REF = rf"(?:{PY_FILE}|{PY_MODULE}):[A-Za-z_][A-Za-z0-9_]*"
-USER_REF_HELP = "FILE.py:function or package.module:function"
+from .values import (  # noqa: F401 (the allow-lists, re-exported for their readers)
+    NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, PATH, PATH_HELP, CONSTRAINT, CONSTRAINT_HELP,
+    MAIL_TYPES, EMAIL, BEGIN, BEGIN_HELP, BIND_TO, MAP_BY, CPU_BIND, ENV_NAME, TEMPLATE_NAME,
+    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP,
+)
 
 # Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.submit.knobs).
 HOROVOD_KNOBS = _knobs.BY_ENV
