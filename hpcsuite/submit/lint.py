@@ -218,10 +218,10 @@ def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
     found now in one local process; it imports the job's framework, never this one."""
     import json
     import os
-    import subprocess
     import sys
     import tempfile
 
+    from .. import slurm
     from ..runs.rundir import RunDir
 
     with tempfile.TemporaryDirectory(prefix="hpcsuite-build-") as tmp:
@@ -229,13 +229,9 @@ def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
         path.write_text(json.dumps(job.to_dict()))
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", HPCSUITE_RUN_DIR=tmp)
-        try:
-            done = subprocess.run([sys.executable, "-m", "hpcsuite.runtime.preflight", str(path)],
-                                  cwd=base or Path.cwd(), env=env, capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return [Finding("error", "train.model", f"--build: building the model and data took "
-                                                    f"over {BUILD_TIMEOUT:g}s")]
+        # Through the one module that runs programs (argv, timeout: a hang is one line, exit 2).
+        done = slurm.call([sys.executable, "-m", "hpcsuite.runtime.preflight", str(path)],
+                          cwd=str(base or Path.cwd()), env=env, timeout=BUILD_TIMEOUT, check=False)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith('{"findings"'):
             return [Finding("error", key, message) for key, message in json.loads(line)["findings"]]
