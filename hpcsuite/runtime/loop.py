@@ -290,7 +290,7 @@ class Trainer:
         return self._state_bytes
 
     def write_progress(self, step: int, epoch: int, step_real: int, loss: float | None) -> None:
-        """progress.json (rank 0): ``loss`` is the step's global mean, from the vote or the
+        """Rank 0 writes progress.json: ``loss`` is the step's global mean, from the vote or the
         report's gather, never this rank's share alone."""
         self.s.write_progress(step, epoch, epochs=math.ceil(self.epochs),
                               loss=loss if loss == loss else None,   # NaN: none yet

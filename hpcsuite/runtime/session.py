@@ -212,7 +212,7 @@ class Session:
         return self.rank == 0 and time.monotonic() - self.progress_at >= PROGRESS_SECONDS
 
     def write_progress(self, step: int, epoch: int, **fields) -> None:
-        """progress.json (rank 0): the step, the recent throughput, the attempt, and the
+        """Rank 0 writes progress.json: the step, the recent throughput, the attempt, and the
         mode's ``fields`` (loss, lr, metrics)."""
         m = self.metrics
         self.progress_at = time.monotonic()
@@ -244,8 +244,8 @@ class Session:
         write_json_atomic(RunDir(self.run_dir).rank_record(self.rank), record)
 
     def results(self, gathered: list[dict], status: str, **fields) -> Results:
-        """results.json's record (rank 0) from the ranks' notes; ``fields``: the mode's own
-        (model, dataset_samples, epochs, loss, ...)."""
+        """The record rank 0 writes as results.json, from the ranks' notes; ``fields``: the
+        mode's own (model, dataset_samples, epochs, loss, ...)."""
         m, p = self.metrics, self.progress
         elapsed = max(g["elapsed"] for g in gathered)
         total = sum(g["samples"] for g in gathered)

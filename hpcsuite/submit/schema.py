@@ -106,6 +106,8 @@ def _schema(cls: type) -> tuple[dict, dict]:
 
 def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
             partial: bool = False) -> Any:
+    """``value`` (from ``source``, at ``path``) as the schema type ``tp``, or one ConfigError
+    naming the file and key. ``meta``: the field's constraints (range, pattern, ...)."""
     meta = meta or {}
     if isinstance(value, Ambiguous):
         raise ConfigError(source, path, _ambiguous(value, path))
@@ -113,105 +115,135 @@ def convert(tp: Any, value: Any, source: str, path: str, meta: Any = None,
         return _plain(value, source, path)
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return convert(inner[0], value, source, path, meta, partial)
-        # Several types (true/false or a word, as Slurm's --exclusive): the first that takes
-        # the value wins; if none does, one error naming them all.
-        last: ConfigError | None = None
-        for tp_i in inner:
-            try:
-                return convert(tp_i, value, source, path, meta, partial)
-            except ConfigError as e:
-                last = e
-        if meta.get("union_help"):
-            raise ConfigError(source, path, f"{show(value)} is not valid: {meta['union_help']}")
-        raise last   # the last type's refusal (the most general one: text)
+        return _union(args, value, source, path, meta, partial)
     if origin is Literal:
-        if meta.get("upper") and isinstance(value, str) and value.upper() in args:
-            value = value.upper()   # Slurm reads these words in any case
-        if isinstance(value, (dict, list)) or value not in args:
-            choices = ", ".join(str(a) for a in args)
-            hint = close_match(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
-            raise ConfigError(source, path, f"{show(value)} is not one of: {choices}{hint}")
-        return value
+        return _literal(args, value, source, path, meta)
     if dataclasses.is_dataclass(tp):
         return build(tp, value, source, path, partial)
     if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(source, path, f"expected a mapping, got {_kind(value)}")
-        kt, vt = args
-        key_pattern = meta.get("key_pattern")
-        reserved = meta.get("reserved_keys")
-        names = {}
-        for k in value:
-            if not isinstance(k, str):
-                raise ConfigError(source, path, _not_text(k))
-            names[k] = key_text(k)
-            where = f"{path}.{names[k]}"
-            if len(k) > 64:
-                raise ConfigError(source, where, "a key must be text of at most 64 characters")
-            if key_pattern and not (isinstance(k, str) and re.fullmatch(key_pattern, k)):
-                raise ConfigError(source, where, meta.get("key_help", "not a valid key"))
-            if reserved and reserved(k):
-                raise ConfigError(source, where, reserved(k))
-        value_meta = meta.get("values")
-        return {convert(kt, k, source, f"{path}.{names[k]}"):
-                convert(vt, v, source, f"{path}.{names[k]}", value_meta, partial)
-                for k, v in value.items()}
+        return _mapping(args, value, source, path, meta, partial)
     if origin in (list, tuple):
-        split = meta.get("split")
-        if split and isinstance(value, str):   # mail_type: END,FAIL as Slurm writes it
-            value = [part.strip() for part in value.split(split)]
-        if not isinstance(value, list):
-            raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
-        # Constraints (min, pattern) on a list field apply to each item.
-        items = [convert(args[0], v, source, f"{path}[{i}]", meta, partial)
-                 for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(source, path, f"expected true or false, got {_kind(value)} {show(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, float) and isinstance(value, Number) and value.is_integer() \
-                and "e" in value.text.lower():
-            value = int(value)   # 1e5 written for an integer
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(source, path, f"expected an integer, got {_kind(value)} {show(value)}")
-        _range(value, source, path, meta)
-        return int(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(source, path, f"expected a number, got {_kind(value)} {show(value)}")
-        if not math.isfinite(value):
-            raise ConfigError(source, path, f"{show(value)} is not a finite number")
-        _range(float(value), source, path, meta)
-        return float(value)
-    if tp is str:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and meta.get("coerce"):
-            value = value.text if isinstance(value, Number) else str(value)
-        if not isinstance(value, str):
-            raise ConfigError(source, path, f"expected a string, got {_kind(value)} {show(value)}"
-                                            + _quote_hint(value))
-        if "\n" in value or "\r" in value or "\0" in value:
-            raise ConfigError(source, path, "newline and NUL characters are not allowed")
-        limit = meta.get("max_length", MAX_STRING)
-        if len(value) > limit:
-            raise ConfigError(source, path, f"{show(value)} is longer than {limit} characters")
-        if meta.get("nonempty") and not value:
-            raise ConfigError(source, path, "must not be empty")
-        pattern = meta.get("pattern")
-        if pattern and not re.fullmatch(pattern, value):
-            raise ConfigError(source, path, f"{show(value)} is not valid: "
-                                            f"{meta.get('pattern_help', pattern)}")
-        check = meta.get("check")
-        if check and check(value):
-            raise ConfigError(source, path, check(value))
-        return str(value)
-    raise TypeError(f"schema type {tp!r} at {path} is not supported")  # a bug in hpcsuite
+        return _sequence(origin, args, value, source, path, meta, partial)
+    scalar = _SCALARS.get(tp)
+    if scalar is None:
+        raise TypeError(f"schema type {tp!r} at {path} is not supported")  # a bug in hpcsuite
+    return scalar(value, source, path, meta)
+
+
+def _union(args, value, source, path, meta, partial):
+    if value is None and type(None) in args:
+        return None
+    inner = [a for a in args if a is not type(None)]
+    if len(inner) == 1:
+        return convert(inner[0], value, source, path, meta, partial)
+    # Several types (true/false or a word, as Slurm's --exclusive): the first that takes
+    # the value wins; if none does, one error naming them all.
+    last: ConfigError | None = None
+    for tp_i in inner:
+        try:
+            return convert(tp_i, value, source, path, meta, partial)
+        except ConfigError as e:
+            last = e
+    if meta.get("union_help"):
+        raise ConfigError(source, path, f"{show(value)} is not valid: {meta['union_help']}")
+    raise last   # the last type's refusal (the most general one: text)
+
+
+def _literal(args, value, source, path, meta):
+    if meta.get("upper") and isinstance(value, str) and value.upper() in args:
+        value = value.upper()   # Slurm reads these words in any case
+    if isinstance(value, (dict, list)) or value not in args:
+        choices = ", ".join(str(a) for a in args)
+        hint = close_match(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
+        raise ConfigError(source, path, f"{show(value)} is not one of: {choices}{hint}")
+    return value
+
+
+def _mapping(args, value, source, path, meta, partial):
+    if not isinstance(value, dict):
+        raise ConfigError(source, path, f"expected a mapping, got {_kind(value)}")
+    kt, vt = args
+    key_pattern = meta.get("key_pattern")
+    reserved = meta.get("reserved_keys")
+    names = {}
+    for k in value:
+        if not isinstance(k, str):
+            raise ConfigError(source, path, _not_text(k))
+        names[k] = key_text(k)
+        where = f"{path}.{names[k]}"
+        if len(k) > 64:
+            raise ConfigError(source, where, "a key must be text of at most 64 characters")
+        if key_pattern and not (isinstance(k, str) and re.fullmatch(key_pattern, k)):
+            raise ConfigError(source, where, meta.get("key_help", "not a valid key"))
+        if reserved and reserved(k):
+            raise ConfigError(source, where, reserved(k))
+    value_meta = meta.get("values")
+    return {convert(kt, k, source, f"{path}.{names[k]}"):
+            convert(vt, v, source, f"{path}.{names[k]}", value_meta, partial)
+            for k, v in value.items()}
+
+
+def _sequence(origin, args, value, source, path, meta, partial):
+    split = meta.get("split")
+    if split and isinstance(value, str):   # mail_type: END,FAIL as Slurm writes it
+        value = [part.strip() for part in value.split(split)]
+    if not isinstance(value, list):
+        raise ConfigError(source, path, f"expected a list, got {_kind(value)}")
+    # Constraints (min, pattern) on a list field apply to each item.
+    items = [convert(args[0], v, source, f"{path}[{i}]", meta, partial)
+             for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _bool(value, source, path, meta):
+    if not isinstance(value, bool):
+        raise ConfigError(source, path, f"expected true or false, got {_kind(value)} {show(value)}")
+    return value
+
+
+def _int(value, source, path, meta):
+    if isinstance(value, float) and isinstance(value, Number) and value.is_integer() \
+            and "e" in value.text.lower():
+        value = int(value)   # 1e5 written for an integer
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(source, path, f"expected an integer, got {_kind(value)} {show(value)}")
+    _range(value, source, path, meta)
+    return int(value)
+
+
+def _float(value, source, path, meta):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(source, path, f"expected a number, got {_kind(value)} {show(value)}")
+    if not math.isfinite(value):
+        raise ConfigError(source, path, f"{show(value)} is not a finite number")
+    _range(float(value), source, path, meta)
+    return float(value)
+
+
+def _str(value, source, path, meta):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and meta.get("coerce"):
+        value = value.text if isinstance(value, Number) else str(value)
+    if not isinstance(value, str):
+        raise ConfigError(source, path, f"expected a string, got {_kind(value)} {show(value)}"
+                                        + _quote_hint(value))
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ConfigError(source, path, "newline and NUL characters are not allowed")
+    limit = meta.get("max_length", MAX_STRING)
+    if len(value) > limit:
+        raise ConfigError(source, path, f"{show(value)} is longer than {limit} characters")
+    if meta.get("nonempty") and not value:
+        raise ConfigError(source, path, "must not be empty")
+    pattern = meta.get("pattern")
+    if pattern and not re.fullmatch(pattern, value):
+        raise ConfigError(source, path, f"{show(value)} is not valid: "
+                                        f"{meta.get('pattern_help', pattern)}")
+    check = meta.get("check")
+    if check and check(value):
+        raise ConfigError(source, path, check(value))
+    return str(value)
+
+
+_SCALARS = {bool: _bool, int: _int, float: _float, str: _str}
 
 
 def _plain(value: Any, source: str, path: str) -> Any:
