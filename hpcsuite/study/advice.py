@@ -29,71 +29,85 @@ def explain(row: dict, model, mpi=None) -> dict | None:
     results = row.get("results")
     if model is None or results is None or row["ranks"] < 2 or not row["step_s"]["median"]:
         return None
-    from ..submit.spec import HorovodKnobs
-
-    knobs = {**{f: getattr(HorovodKnobs(), f) for f in ("compression", "fusion_threshold_mb",
-                                                         "cycle_time_ms")},
-             **{k[8:]: v for k, v in row["axes"].items() if k.startswith("horovod.")}}
+    knobs = _knobs(row["axes"])
     n = row["ranks"]
     nbytes = results.get("gradient_bytes", 0) * (0.5 if knobs["compression"] == "fp16" else 1)
     fusion = knobs["fusion_threshold_mb"] * 1024 * 1024
     ops = max(1, math.ceil(nbytes / fusion)) if fusion else max(1, results.get("gradient_tensors", 1))
     predicted = model.predict(nbytes, n=n, tensors=ops)
     latency = model.predict(0, n=n, tensors=ops)
-    bandwidth = predicted - latency
     step = row["step_s"]["median"]
     compute = row["limit_step_s"]["median"]
     out = {"gradient_bytes": nbytes, "allreduce_ops": ops, "predicted_comm_s": predicted,
-           "predicted_latency_s": latency, "predicted_bandwidth_s": bandwidth, "step_s": step,
-           "compute_s": compute, "comm_fraction": predicted / step if step else None}
+           "predicted_latency_s": latency, "predicted_bandwidth_s": predicted - latency,
+           "step_s": step, "compute_s": compute,
+           "comm_fraction": predicted / step if step else None}
     if compute is None or row.get("flags"):
         return out                       # a flagged row's overhead is not communication
     overhead = max(step - compute, 0.0)
     out["measured_overhead_s"] = overhead
     out["unexplained_s"] = overhead - predicted
     out["dominates_at_ranks"] = dominates_at(model, nbytes, ops, compute)
-    now = of_limit(row)
+    out["now_of_limit"] = of_limit(row)
+    out["knobs"] = sorted(_knob_options(out, knobs, results, n, mpi), key=lambda o: -o["gain"])
+    return out
 
-    def gain(knob: str, new_compute: float, new_overhead: float, how: str) -> dict:
-        eff = new_compute / (new_compute + max(new_overhead, 0.0))
-        return {"knob": knob, "how": how, "of_limit": eff, "gain": eff - now}
 
+def _knobs(axes: dict) -> dict:
+    """The Horovod knobs a configuration ran with: the job spec's defaults, then its axes."""
+    from ..submit.spec import HorovodKnobs
+
+    return {**{f: getattr(HorovodKnobs(), f) for f in ("compression", "fusion_threshold_mb",
+                                                       "cycle_time_ms")},
+            **{k[8:]: v for k, v in axes.items() if k.startswith("horovod.")}}
+
+
+def _gain(knob: str, new_compute: float, new_overhead: float, how: str, now: float) -> dict:
+    """One knob's advice: the fraction of the limit the model predicts with it, against
+    ``now``'s."""
+    eff = new_compute / (new_compute + max(new_overhead, 0.0))
+    return {"knob": knob, "how": how, "of_limit": eff, "gain": eff - now}
+
+
+def _knob_options(m: dict, knobs: dict, results: dict, n: int, mpi) -> list[dict]:
+    """What each knob that applies would gain, read from :func:`explain`'s numbers ``m``."""
+    compute, overhead, now = m["compute_s"], m["measured_overhead_s"], m["now_of_limit"]
+    nbytes, ops, step = m["gradient_bytes"], m["allreduce_ops"], m["step_s"]
+    latency, bandwidth = m["predicted_latency_s"], m["predicted_bandwidth_s"]
     k = scale_to_reach(compute, overhead)
     why = (f"the smallest power of two predicted to reach {TARGET_OF_LIMIT:.2f} of the limit"
            if k < MAX_SCALE or k * compute / (k * compute + overhead) >= TARGET_OF_LIMIT
            else f"the most this advice goes to; {TARGET_OF_LIMIT:.2f} of the limit needs more")
     batch, accumulation = results.get("batch_size_per_rank"), results.get("grad_accumulation") or 1
     options = [
-        gain("train.batch_size", k * compute, overhead,
-             f"{k}x the per-rank batch" + (f" ({batch * k})" if batch else "") +
-             f": {k}x the computation for the same allreduce, {why}"),
-        gain("train.grad_accumulation", k * compute, overhead,
-             f"accumulate {accumulation * k} micro-batches per allreduce: the same, without "
-             "the memory"),
+        _gain("train.batch_size", k * compute, overhead,
+              f"{k}x the per-rank batch" + (f" ({batch * k})" if batch else "") +
+              f": {k}x the computation for the same allreduce, {why}", now),
+        _gain("train.grad_accumulation", k * compute, overhead,
+              f"accumulate {accumulation * k} micro-batches per allreduce: the same, without "
+              "the memory", now),
     ]
     if knobs["compression"] != "fp16":
-        options.append(gain("train.horovod.compression", compute, overhead - bandwidth / 2,
-                            "fp16: half the bytes on the wire (the bandwidth term halves)"))
+        options.append(_gain("train.horovod.compression", compute, overhead - bandwidth / 2,
+                             "fp16: half the bytes on the wire (the bandwidth term halves)", now))
     if ops > 1:
-        options.append(gain("train.horovod.fusion_threshold_mb", compute,
-                            overhead - (latency - latency / ops),
-                            f"fuse the {ops} allreduces into one (threshold ≥ "
-                            f"{math.ceil(nbytes / 2**20)} MB)"))
+        options.append(_gain("train.horovod.fusion_threshold_mb", compute,
+                             overhead - (latency - latency / ops),
+                             f"fuse the {ops} allreduces into one (threshold ≥ "
+                             f"{math.ceil(nbytes / 2**20)} MB)", now))
     cycle = knobs["cycle_time_ms"] / 1000
     transfer = mpi.predict(nbytes, n=n, tensors=ops) if mpi is not None else bandwidth
     floor = CYCLE_FLOOR_LATENCIES * mpi.predict(0, n=n) if mpi is not None else cycle / 2
     shorter = shorter_cycle(step, compute + transfer, cycle, floor)
     if shorter is not None:
         new_cycle, new_step, now_cycles, new_cycles = shorter
-        options.append(gain(
+        options.append(_gain(
             "train.horovod.cycle_time_ms", compute, new_step - compute,
             f"{new_cycle * 1000:g}: a step waits for whole cycles of Horovod's background thread "
             f"({now_cycles} of {cycle * 1000:g} ms now, {new_cycles} of {new_cycle * 1000:g} ms "
             f"then); not below {floor * 1000:.2g} ms, {CYCLE_FLOOR_LATENCIES}x MPI's "
-            "small-message latency, which every cycle's coordination pays"))
-    out["now_of_limit"] = now
-    out["knobs"] = sorted(options, key=lambda o: -o["gain"])
-    return out
+            "small-message latency, which every cycle's coordination pays", now))
+    return options
 
 
 # The batch and accumulation advice aims here: the smallest power-of-two multiple of the
