@@ -420,14 +420,26 @@ def test_status_asks_slurm_for_each_points_job(tmp_path):
     def query(ids):
         asked.append(ids)
         return {j: JobState(j, "COMPLETED" if j != "102" else "FAILED", "0:0", None, None, None,
-                            source="sacct") for j in ids if j != "999"}
+                            elapsed="00:00:42", source="sacct") for j in ids if j != "999"}
 
+    [first] = [p for p in sd.points() if p.id == "p00-r0"]
+    run_dir = sd.run_dir(first, "101")
+    (run_dir / "progress.json").write_text('{"step": 7, "max_steps": 10}')
     rows, note = study_status.status(sd, query)
     assert len(asked) == 1 and len(asked[0]) == 9             # one query for every point
     slurm = {r["point"]: (r["slurm"], r["slurm_from"]) for r in rows}
     assert slurm["p00-r0"] == ("COMPLETED", "sacct") and slurm["p00L-r0"] == ("FAILED", "sacct")
     assert slurm["a00"] == (None, "state.json")               # Slurm forgot it: state.json's
     assert "no longer knows the jobs of 1 point(s) (a00)" in note
+    # The Slurm part is the record `runs` prints for the same job and the same answer.
+    from hpcsuite.runner import describe_many
+
+    [runs_row] = [r.row() for r in describe_many([{"job_id": "101", "run_dir": str(run_dir)}],
+                                                 query)]
+    [row] = [r for r in rows if r["point"] == "p00-r0"]
+    assert (row["slurm"], row["elapsed"], row["step"], row["slurm_from"]) == \
+        (runs_row["state"], runs_row["elapsed"], runs_row["step"], runs_row["source"]) == \
+        ("COMPLETED", "00:00:42", 7, "sacct")
 
     def down(ids):
         raise UserError("squeue failed (exit 1): slurm_load_jobs error: Unable to contact "
@@ -436,6 +448,8 @@ def test_status_asks_slurm_for_each_points_job(tmp_path):
     rows, note = study_status.status(sd, down)
     assert {r["slurm"] for r in rows if r["kind"] != "allreduce"} == {"RUNNING"}
     assert {r["slurm_from"] for r in rows} == {"state.json"}
+    [row] = [r for r in rows if r["point"] == "p00-r0"]
+    assert row["elapsed"] is None and row["step"] == 7         # the run directory still answers
     assert note.startswith("Slurm could not be asked (squeue failed")
 
 
