@@ -7,6 +7,7 @@ import pytest
 from conftest import run_cli
 from hpcsuite.study import points as st
 from hpcsuite.study import bundle as sb
+from hpcsuite.study import advice as sa
 from hpcsuite.study import report as sr
 from hpcsuite.study.alphabeta import AlphaBeta
 from hpcsuite.errors import UserError
@@ -129,7 +130,7 @@ def test_report_arithmetic_and_the_models_reading():
     row = {"ranks": 2, "axes": {"nodes": 2, "tasks_per_node": 1},
            "results": {"gradient_bytes": 4_000_000, "gradient_tensors": 6},
            "step_s": {"median": 0.010}, "limit_step_s": {"median": 0.006}}
-    m = sr.explain(row, model)
+    m = sa.explain(row, model)
     assert m["predicted_comm_s"] == pytest.approx(2e-4 + 4e-3)
     assert m["measured_overhead_s"] == pytest.approx(0.004)
     assert m["now_of_limit"] == pytest.approx(0.6)
@@ -140,38 +141,38 @@ def test_report_arithmetic_and_the_models_reading():
     batch = next(k for k in m["knobs"] if k["knob"] == "train.batch_size")
     assert batch["how"].startswith("8x the per-rank batch: ") and "0.90 of the limit" in batch["how"]
     row["results"].update(batch_size_per_rank=32, grad_accumulation=2)
-    knobs = {k["knob"]: k["how"] for k in sr.explain(row, model)["knobs"]}
+    knobs = {k["knob"]: k["how"] for k in sa.explain(row, model)["knobs"]}
     assert knobs["train.batch_size"].startswith("8x the per-rank batch (256)")
     assert knobs["train.grad_accumulation"].startswith("accumulate 16 micro-batches")
-    assert sr.scale_to_reach(0.006, 0.004) == 8
-    assert sr.scale_to_reach(0.006, 0.0001) == 2                  # 2x is the least advised
-    assert sr.scale_to_reach(1e-4, 1.0) == sr.MAX_SCALE           # never reached: the most
+    assert sa.scale_to_reach(0.006, 0.004) == 8
+    assert sa.scale_to_reach(0.006, 0.0001) == 2                  # 2x is the least advised
+    assert sa.scale_to_reach(1e-4, 1.0) == sa.MAX_SCALE           # never reached: the most
     fp16 = next(k for k in m["knobs"] if k["knob"] == "train.horovod.compression")
     assert fp16["of_limit"] == pytest.approx(0.006 / (0.006 + 0.004 - 0.002))
-    assert sr.dominates_at(model, 4_000_000, 1, 0.006) == 4      # 0.6 ms + 6 ms at 4 ranks
-    assert sr.dominates_at(AlphaBeta(alpha_s=1e-3, bandwidth_Bps=1e9, n=2), 0, 1, 0.006) == 4
+    assert sa.dominates_at(model, 4_000_000, 1, 0.006) == 4      # 0.6 ms + 6 ms at 4 ranks
+    assert sa.dominates_at(AlphaBeta(alpha_s=1e-3, bandwidth_Bps=1e9, n=2), 0, 1, 0.006) == 4
     # no latency and a bandwidth term that tends to 2S/B = 2 ms: never passes 6 ms
-    assert sr.dominates_at(AlphaBeta(alpha_s=0.0, bandwidth_Bps=1e9, n=2), 1e6, 1, 0.006) is None
+    assert sa.dominates_at(AlphaBeta(alpha_s=0.0, bandwidth_Bps=1e9, n=2), 1e6, 1, 0.006) is None
 
 
 def test_a_shorter_cycle_is_predicted_from_whole_cycles():
     # The local cluster's 2-node point at batch 128: 1.12 ms of computation, 0.13 ms transfer,
     # steps of 2.2 ms = two 1 ms cycles (each ~1.1 ms long).
-    new_cycle, step, now, then = sr.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=3e-4)
+    new_cycle, step, now, then = sa.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=3e-4)
     assert (new_cycle, now, then) == (5e-4, 2, 3) and step == pytest.approx(1.65e-3)
-    assert sr.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=1e-4)[0] == 2.5e-4    # 5 x 0.25 ms
-    assert sr.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=6e-4) is None          # floor above 0.5
-    assert sr.shorter_cycle(10e-3, 10e-3, 1e-3, floor=1e-4) is None              # not rounded up
+    assert sa.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=1e-4)[0] == 2.5e-4    # 5 x 0.25 ms
+    assert sa.shorter_cycle(2.2e-3, 1.25e-3, 1e-3, floor=6e-4) is None          # floor above 0.5
+    assert sa.shorter_cycle(10e-3, 10e-3, 1e-3, floor=1e-4) is None              # not rounded up
     model, mpi = AlphaBeta(alpha_s=2.5e-4, bandwidth_Bps=2e9, n=2), AlphaBeta(7.5e-6, 1.9e9, n=2)
     row = {"ranks": 2, "axes": {"nodes": 2, "tasks_per_node": 1},
            "results": {"gradient_bytes": 220_000, "gradient_tensors": 6},
            "step_s": {"median": 2.2e-3}, "limit_step_s": {"median": 1.12e-3}}
-    knob = next(k for k in sr.explain(row, model, mpi)["knobs"]
+    knob = next(k for k in sa.explain(row, model, mpi)["knobs"]
                 if k["knob"] == "train.horovod.cycle_time_ms")
     assert knob["how"].startswith("0.5:") and "2 of 1 ms now, 3 of 0.5 ms" in knob["how"]
     assert knob["of_limit"] == pytest.approx(1.12 / 1.65, rel=0.05)
     # without MPI's side only halving is offered
-    knob = next(k for k in sr.explain(row, model)["knobs"]
+    knob = next(k for k in sa.explain(row, model)["knobs"]
                 if k["knob"] == "train.horovod.cycle_time_ms")
     assert knob["how"].startswith("0.5:")
 
@@ -249,7 +250,7 @@ def test_of_limit_is_one_number_in_the_table_and_the_advice(tmp_path):
     sd = fake_study(tmp_path / "s", steps)
     report = sr.analyse(sd)
     row = report["rows"][1]
-    assert row["of_limit"] == pytest.approx(0.006 / 0.011) == sr.of_limit(row)
+    assert row["of_limit"] == pytest.approx(0.006 / 0.011) == sa.of_limit(row)
     assert row["model"]["now_of_limit"] == row["of_limit"] and not row["flags"]
     text = sr.table(report)
     line = next(l for l in text.splitlines() if l.startswith("all") and " 2 " in l)
@@ -419,14 +420,26 @@ def test_status_asks_slurm_for_each_points_job(tmp_path):
     def query(ids):
         asked.append(ids)
         return {j: JobState(j, "COMPLETED" if j != "102" else "FAILED", "0:0", None, None, None,
-                            source="sacct") for j in ids if j != "999"}
+                            elapsed="00:00:42", source="sacct") for j in ids if j != "999"}
 
+    [first] = [p for p in sd.points() if p.id == "p00-r0"]
+    run_dir = sd.run_dir(first, "101")
+    (run_dir / "progress.json").write_text('{"step": 7, "max_steps": 10}')
     rows, note = study_status.status(sd, query)
     assert len(asked) == 1 and len(asked[0]) == 9             # one query for every point
     slurm = {r["point"]: (r["slurm"], r["slurm_from"]) for r in rows}
     assert slurm["p00-r0"] == ("COMPLETED", "sacct") and slurm["p00L-r0"] == ("FAILED", "sacct")
     assert slurm["a00"] == (None, "state.json")               # Slurm forgot it: state.json's
     assert "no longer knows the jobs of 1 point(s) (a00)" in note
+    # The Slurm part is the record `runs` prints for the same job and the same answer.
+    from hpcsuite.runner import describe_many
+
+    [runs_row] = [r.row() for r in describe_many([{"job_id": "101", "run_dir": str(run_dir)}],
+                                                 query)]
+    [row] = [r for r in rows if r["point"] == "p00-r0"]
+    assert (row["slurm"], row["elapsed"], row["step"], row["slurm_from"]) == \
+        (runs_row["state"], runs_row["elapsed"], runs_row["step"], runs_row["source"]) == \
+        ("COMPLETED", "00:00:42", 7, "sacct")
 
     def down(ids):
         raise UserError("squeue failed (exit 1): slurm_load_jobs error: Unable to contact "
@@ -435,6 +448,8 @@ def test_status_asks_slurm_for_each_points_job(tmp_path):
     rows, note = study_status.status(sd, down)
     assert {r["slurm"] for r in rows if r["kind"] != "allreduce"} == {"RUNNING"}
     assert {r["slurm_from"] for r in rows} == {"state.json"}
+    [row] = [r for r in rows if r["point"] == "p00-r0"]
+    assert row["elapsed"] is None and row["step"] == 7         # the run directory still answers
     assert note.startswith("Slurm could not be asked (squeue failed")
 
 

@@ -71,6 +71,16 @@ class StatusRecord(Record):
         return cls(job_id=state.job_id, state=state, run_dir=Path(run_dir) if run_dir else None,
                    progress=read_progress(run_dir) if run_dir else None)
 
+    @classmethod
+    def of_entry(cls, entry: dict, state=None) -> "StatusRecord":
+        """A registry entry (its ``job_id`` and ``run_dir`` at least) with Slurm's state of
+        it, None when Slurm was not asked or no longer knows it; the progress is read either
+        way."""
+        from ..runs.results import read_progress
+
+        return cls(job_id=entry["job_id"], state=state, entry=entry,
+                   run_dir=Path(entry["run_dir"]), progress=read_progress(entry["run_dir"]))
+
     @property
     def name(self) -> str | None:
         return (self.entry or {}).get("name")
@@ -175,12 +185,13 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
         else None)
 
 
-def describe_many(entries: list[dict]) -> list[StatusRecord]:
-    """The registry's entries as Slurm knows them now: one query for all of them."""
-    from ..runs import jobs
-    from ..runs.results import read_progress
+def describe_many(entries: list[dict], query=None) -> list[StatusRecord]:
+    """The registry's entries as Slurm knows them now: one query for all of them. ``query``:
+    the many-jobs state query, :func:`hpcsuite.runs.jobs.query_many` unless a caller (a study,
+    a test) gives another; its :class:`~hpcsuite.errors.UserError` (Slurm cannot be asked)
+    reaches the caller."""
+    if query is None:
+        from ..runs.jobs import query_many as query
 
-    states = jobs.query_many([e["job_id"] for e in entries]) if entries else {}
-    return [StatusRecord(job_id=e["job_id"], state=states.get(e["job_id"]), entry=e,
-                         run_dir=Path(e["run_dir"]), progress=read_progress(e["run_dir"]))
-            for e in entries]
+    states = query([e["job_id"] for e in entries]) if entries else {}
+    return [StatusRecord.of_entry(e, states.get(e["job_id"])) for e in entries]

@@ -5,17 +5,16 @@ times (the warm-up steps left out), one number per repeat; a configuration shows
 min and max of its repeats. Speedup and efficiency are read against the smallest point of the
 same series (the same axes but for nodes and tasks per node); "of limit" against the same
 configuration trained without the gradient allreduce, the most this hardware could do (one
-function, :func:`of_limit`, for the table and the advice alike).
+function, :func:`hpcsuite.study.advice.of_limit`, for the table and the advice alike).
 
 A configuration whose measurements cannot carry a diagnosis is flagged instead of read as
 communication overhead (:func:`flags`): repeats that disagree, or a no-communication limit
 that does not grow with the ranks (they competed for the CPU).
 
-The ring-allreduce model (:mod:`hpcsuite.study.alphabeta`), fitted to the study's allreduce
-benchmarks, predicts each point's communication per step from the gradient bytes the results
-record; the report sets it beside the measured overhead (step time minus the limit's step
-time), says where communication starts to dominate and which knob would help most, with the
-gain the model predicts.
+Each other configuration gets the ring-allreduce model's reading, fitted here to the study's
+allreduce benchmarks (:func:`fits`) and read by :func:`hpcsuite.study.advice.explain`: the
+predicted communication beside the measured overhead, where communication starts to dominate
+and which knob would help most; :func:`table` and :func:`advice` put it in words.
 """
 
 from __future__ import annotations
@@ -23,11 +22,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import statistics
 from pathlib import Path
 
 from ..errors import UserError
+from .advice import explain, of_limit
 from .points import Point, StudyDir
 from .bundle import ENVIRONMENT
 from .run import point_done, point_result
@@ -158,14 +157,6 @@ def environment_warnings(sd: StudyDir) -> list[str]:
     return warnings(env if isinstance(env, dict) else {})
 
 
-def of_limit(row: dict) -> float | None:
-    """How close a configuration comes to its no-communication limit: the limit's median step
-    time over its own (the same batch per step, so the ratio of the throughputs). The table
-    and the advice both show this number."""
-    step, limit = row["step_s"]["median"], row["limit_step_s"]["median"]
-    return limit / step if step and limit else None
-
-
 # Repeats of one configuration whose throughput spreads more than this (max/min) did not
 # measure one thing (another job on the nodes, a throttled core): the local cluster's repeats
 # agree within ~5%, so 25% is far past noise, and a median of such repeats explains nothing.
@@ -196,144 +187,6 @@ def flags(row: dict, base: dict | None, mode: str) -> list[str]:
                        f"{row['ranks']} ranks, not ~{expected:g}x: the ranks competed for the "
                        "CPU")
     return out
-
-
-# ---------------------------------------------------------------------- the model's reading
-
-def explain(row: dict, model, mpi=None) -> dict | None:
-    """Predicted communication per step, the measured overhead, and the knobs' predicted gains.
-    ``model`` is the fit of Horovod's allreduce, ``mpi`` (optional) of MPI's own on the same
-    allocation: the bytes' transfer without Horovod's cycle, and the latency every cycle's
-    coordination pays."""
-    results = row.get("results")
-    if model is None or results is None or row["ranks"] < 2 or not row["step_s"]["median"]:
-        return None
-    from ..submit.spec import HorovodKnobs
-
-    knobs = {**{f: getattr(HorovodKnobs(), f) for f in ("compression", "fusion_threshold_mb",
-                                                         "cycle_time_ms")},
-             **{k[8:]: v for k, v in row["axes"].items() if k.startswith("horovod.")}}
-    n = row["ranks"]
-    nbytes = results.get("gradient_bytes", 0) * (0.5 if knobs["compression"] == "fp16" else 1)
-    fusion = knobs["fusion_threshold_mb"] * 1024 * 1024
-    ops = max(1, math.ceil(nbytes / fusion)) if fusion else max(1, results.get("gradient_tensors", 1))
-    predicted = model.predict(nbytes, n=n, tensors=ops)
-    latency = model.predict(0, n=n, tensors=ops)
-    bandwidth = predicted - latency
-    step = row["step_s"]["median"]
-    compute = row["limit_step_s"]["median"]
-    out = {"gradient_bytes": nbytes, "allreduce_ops": ops, "predicted_comm_s": predicted,
-           "predicted_latency_s": latency, "predicted_bandwidth_s": bandwidth, "step_s": step,
-           "compute_s": compute, "comm_fraction": predicted / step if step else None}
-    if compute is None or row.get("flags"):
-        return out                       # a flagged row's overhead is not communication
-    overhead = max(step - compute, 0.0)
-    out["measured_overhead_s"] = overhead
-    out["unexplained_s"] = overhead - predicted
-    out["dominates_at_ranks"] = dominates_at(model, nbytes, ops, compute)
-    now = of_limit(row)
-
-    def gain(knob: str, new_compute: float, new_overhead: float, how: str) -> dict:
-        eff = new_compute / (new_compute + max(new_overhead, 0.0))
-        return {"knob": knob, "how": how, "of_limit": eff, "gain": eff - now}
-
-    k = scale_to_reach(compute, overhead)
-    why = (f"the smallest power of two predicted to reach {TARGET_OF_LIMIT:.2f} of the limit"
-           if k < MAX_SCALE or k * compute / (k * compute + overhead) >= TARGET_OF_LIMIT
-           else f"the most this advice goes to; {TARGET_OF_LIMIT:.2f} of the limit needs more")
-    batch, accumulation = results.get("batch_size_per_rank"), results.get("grad_accumulation") or 1
-    options = [
-        gain("train.batch_size", k * compute, overhead,
-             f"{k}x the per-rank batch" + (f" ({batch * k})" if batch else "") +
-             f": {k}x the computation for the same allreduce, {why}"),
-        gain("train.grad_accumulation", k * compute, overhead,
-             f"accumulate {accumulation * k} micro-batches per allreduce: the same, without "
-             "the memory"),
-    ]
-    if knobs["compression"] != "fp16":
-        options.append(gain("train.horovod.compression", compute, overhead - bandwidth / 2,
-                            "fp16: half the bytes on the wire (the bandwidth term halves)"))
-    if ops > 1:
-        options.append(gain("train.horovod.fusion_threshold_mb", compute,
-                            overhead - (latency - latency / ops),
-                            f"fuse the {ops} allreduces into one (threshold ≥ "
-                            f"{math.ceil(nbytes / 2**20)} MB)"))
-    cycle = knobs["cycle_time_ms"] / 1000
-    transfer = mpi.predict(nbytes, n=n, tensors=ops) if mpi is not None else bandwidth
-    floor = CYCLE_FLOOR_LATENCIES * mpi.predict(0, n=n) if mpi is not None else cycle / 2
-    shorter = shorter_cycle(step, compute + transfer, cycle, floor)
-    if shorter is not None:
-        new_cycle, new_step, now_cycles, new_cycles = shorter
-        options.append(gain(
-            "train.horovod.cycle_time_ms", compute, new_step - compute,
-            f"{new_cycle * 1000:g}: a step waits for whole cycles of Horovod's background thread "
-            f"({now_cycles} of {cycle * 1000:g} ms now, {new_cycles} of {new_cycle * 1000:g} ms "
-            f"then); not below {floor * 1000:.2g} ms, {CYCLE_FLOOR_LATENCIES}x MPI's "
-            "small-message latency, which every cycle's coordination pays"))
-    out["now_of_limit"] = now
-    out["knobs"] = sorted(options, key=lambda o: -o["gain"])
-    return out
-
-
-# The batch and accumulation advice aims here: the smallest power-of-two multiple of the
-# per-rank work predicted to reach this fraction of the no-communication limit (the model: k
-# times the computation per allreduce, the same overhead), up to MAX_SCALE.
-TARGET_OF_LIMIT = 0.90
-MAX_SCALE = 64
-
-
-def scale_to_reach(compute: float, overhead: float, target: float = TARGET_OF_LIMIT,
-                   most: int = MAX_SCALE) -> int:
-    """The smallest power of two k >= 2 with k*compute / (k*compute + overhead) >= target, or
-    ``most`` when none up to it does."""
-    k = 2
-    while k < most and k * compute < target * (k * compute + overhead):
-        k *= 2
-    return k
-
-
-# A cycle of Horovod's background thread is at least this many MPI small-message latencies:
-# every cycle the ranks coordinate (one small allreduce), on cores the training shares. On the
-# local cluster (2 ranks, 2 cores, 15 us latency) 0.5 ms cycles shortened 2-cycle steps as the
-# rule below predicts; 0.25 and 0.1 ms made them longer than 1 ms cycles did.
-CYCLE_FLOOR_LATENCIES = 20
-
-
-def shorter_cycle(step: float, work: float, cycle: float, floor: float):
-    """A shorter cycle time for steps that wait for whole cycles, or None.
-
-    A step's gradients leave on the background thread's next cycle, so a step whose
-    computation and transfer take ``work`` lasts about ceil(work / cycle) cycles; the measured
-    ``step`` against that count gives how much longer the real cycles run (the coordination and
-    the thread's wake-up). Halving the cycle (down to ``floor``) cuts the rounding. Returns
-    (cycle, predicted step, cycles now, cycles then) for the best candidate that predicts a
-    shorter step."""
-    if cycle <= 0 or work <= 0 or step <= 0:
-        return None
-    now_cycles = max(1, math.ceil(work / cycle))
-    stretch = step / (now_cycles * cycle)
-    best = None
-    candidate = cycle / 2
-    while candidate >= floor and candidate >= 1e-5:
-        cycles = max(1, math.ceil(work / candidate))
-        predicted = cycles * candidate * stretch
-        if predicted < step and (best is None or predicted < best[1]):
-            best = (candidate, predicted, now_cycles, cycles)
-        candidate /= 2
-    return best
-
-
-def dominates_at(model, nbytes: float, ops: int, compute: float) -> int | None:
-    """The fewest ranks at which the model's communication per step passes ``compute``
-    (weak scaling: the computation per step stays the same), or None below 100,000."""
-    if compute <= 0:
-        return None
-    n = 2
-    while n <= 100000:
-        if model.predict(nbytes, n=n, tensors=ops) >= compute:
-            return n
-        n = n + 1 if n < 64 else int(n * 1.25)
-    return None
 
 
 # ---------------------------------------------------------------------- output
