@@ -101,17 +101,19 @@ def echo_warnings(spec: str, warnings) -> None:
 
 
 def prepare_request(spec: str, profile_path: str | None, template_dir: str | None, sets=(),
-                    against_slurm: bool = False):
-    """:func:`hpcsuite.runner.prepare`, its warnings and note printed: the request that
+                    against_slurm: bool = False, after: tuple[str, ...] = ()):
+    """:func:`hpcsuite.runner.prepare`, its warnings and notes printed: the request that
     `render`, `submit` and `bench` print or submit."""
     from ..runner import prepare
 
     try:
-        prepared = prepare(spec, profile_path, template_dir, sets, against_slurm)
+        prepared = prepare(spec, profile_path, template_dir, sets, against_slurm, after=after)
     except UserError as e:
         echo_warnings(spec, getattr(e, "warnings", ()))
         raise
     echo_warnings(spec, prepared.warnings)
+    for note in prepared.notes:
+        click.echo(f"note: {spec}: after: {note}", err=True)
     note_no_site(prepared.site_profile, spec)   # once, beside a success: an error stays one line
     return prepared.request
 
@@ -127,6 +129,11 @@ profile_option = click.option(
 template_dir_option = click.option(
     "--template-dir", type=FilePath(file_okay=False),
     help="Directory searched first for templates.")
+after_option = click.option(
+    "--after", multiple=True, metavar="JOB[:ok|any|notok]",
+    help="Start only after JOB (a job id, or the name of a job submitted from here: its "
+         "latest run) completed (ok, the default), ended (any) or failed (notok); added to the "
+         "spec's `after`. Repeat for several (sbatch --dependency).")
 set_option = click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE",
     help="Override one job key, e.g. --set resources.nodes=2 --set env.NCCL_DEBUG=INFO "

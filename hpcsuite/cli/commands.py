@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from . import (FilePath, emit_json, main, prepare_request, profile_option, set_option,
-               template_dir_option)
+from . import (FilePath, after_option, emit_json, main, prepare_request, profile_option,
+               set_option, template_dir_option)
 from ..errors import UserError
 from ..runs.rundir import RunDir
 
@@ -20,10 +20,11 @@ spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
 @profile_option
 @template_dir_option
 @set_option
+@after_option
 @click.option("--json", "as_json", is_flag=True, help="Print script and sbatch command as JSON.")
-def render(spec, profile_path, template_dir, sets, as_json):
+def render(spec, profile_path, template_dir, sets, after, as_json):
     """Print the sbatch script SPEC renders to (nothing is submitted)."""
-    request = prepare_request(spec, profile_path, template_dir, sets)
+    request = prepare_request(spec, profile_path, template_dir, sets, after=after)
     if as_json:
         emit_json(request.to_json())
     else:
@@ -42,8 +43,9 @@ def render(spec, profile_path, template_dir, sets, as_json):
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
 @click.option("--hold", is_flag=True,
               help="Submit the job held: it starts after `scontrol release JOBID`.")
+@after_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold, as_json):
+def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold, after, as_json):
     """Submit SPEC to Slurm with sbatch and print the job id.
 
     Every submit is recorded in .hpcsuite/runs.jsonl in this directory (`hpcsuite runs`); the
@@ -57,7 +59,8 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
 
     if hold and wait:
         raise click.UsageError("--hold and --wait: a held job would be waited for forever")
-    request = prepare_request(spec, profile_path, template_dir, sets, against_slurm=not dry_run)
+    request = prepare_request(spec, profile_path, template_dir, sets, against_slurm=not dry_run,
+                              after=after)
     if hold:
         request = runner.held(request)
     if dry_run:

@@ -30,6 +30,7 @@ class Prepared(Record):
     request: BatchRequest
     warnings: list = field(default_factory=list)
     site_profile: bool = True
+    notes: list = field(default_factory=list)       # e.g. a dependency already satisfied
 
 
 def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
@@ -43,10 +44,13 @@ def check(resolved, base: Path | None = None, against_slurm: bool = False) -> li
 
 
 def prepare(spec: str, profile_path: str | None = None, template_dir: str | None = None,
-            sets=(), against_slurm: bool = False, cwd: Path | None = None) -> Prepared:
+            sets=(), against_slurm: bool = False, cwd: Path | None = None,
+            after: tuple[str, ...] = ()) -> Prepared:
     """Resolve, lint and plan SPEC. ``cwd``: the directory the spec's relative paths and the
-    job's submission start from (default: here). Raises :class:`LintFailed` on errors; a
-    UserError raised by planning carries the lint's ``warnings`` too."""
+    job's submission start from (default: here). ``after``: dependencies beyond the spec's
+    (``submit --after``); names become job ids, and with ``against_slurm`` each is checked
+    against Slurm. Raises :class:`LintFailed` on errors; a UserError raised by planning
+    carries the lint's ``warnings`` too."""
     from ..submit.config import resolve
     from ..submit.plan import plan
     from ..submit.templating import SearchPath
@@ -57,16 +61,35 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
     errors = [f for f in findings if f.level == "error"]
     if errors:
         raise LintFailed(spec, errors, warnings)
+    notes: list[str] = []
     try:
+        job = r.job
+        if job.after or after:
+            job, notes = with_dependencies(job, after, spec, cwd or Path.cwd(), against_slurm)
         path = SearchPath.default(template_dir, site_only="template" in r.locks)
-        request = plan(r.job, r.profile, path, r.locks)
+        request = plan(job, r.profile, path, r.locks)
     except UserError as e:
         e.warnings = warnings
         raise
     request = dataclasses.replace(request, spec=str(Path(spec).resolve()),
                                   **({"workdir": str(cwd)} if cwd is not None else {}))
-    return Prepared(request=request, warnings=warnings,
+    return Prepared(request=request, warnings=warnings, notes=notes,
                     site_profile=any(layer.name == "site" for layer in r.layers))
+
+
+def with_dependencies(job, extra: tuple[str, ...], spec: str, workdir: Path, ask_slurm: bool):
+    """(``job`` with ``after`` plus ``extra`` as job ids, notes on those already satisfied)."""
+    import re
+
+    from ..submit.values import AFTER, AFTER_HELP
+    from . import after
+
+    for entry in extra:
+        if not re.fullmatch(AFTER, entry):
+            raise UserError(f"--after: {entry[:80]!r} is not valid: {AFTER_HELP}")
+    pending, notes = after.resolve(job.after, workdir, ask_slurm, source=f"{spec}: after")
+    more, more_notes = after.resolve(list(extra), workdir, ask_slurm, source="--after")
+    return dataclasses.replace(job, after=list(dict.fromkeys(pending + more))), notes + more_notes
 
 
 def validate_templates(path, names: list[str], specs: list[Path],

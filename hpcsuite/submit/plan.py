@@ -81,7 +81,32 @@ PARTITION_OPTIONS = ("account", "qos", "reservation", "constraint")
 OPTION_KEYS = {"account": "resources.account", "qos": "resources.qos",
                "constraint": "resources.constraint", "exclusive": "resources.exclusive",
                "mail-type": "resources.mail_type", "mail-user": "resources.mail_user",
-               "begin": "resources.begin", "comment": "resources.comment"}
+               "begin": "resources.begin", "comment": "resources.comment",
+               "dependency": "after"}
+
+
+def dependency(after: list[str]) -> str:
+    """sbatch --dependency for ``after`` once its names are job ids (:mod:`hpcsuite.runner.after`
+    resolves them): ``afterok:12:13,afterany:14``; every condition must hold."""
+    from ..errors import UserError
+
+    groups: dict[str, list[str]] = {}
+    for entry in after:
+        job, _, condition = entry.partition(":")
+        if not job.isdigit():
+            raise UserError(f"after: {job!r} is not resolved to a job id (submit resolves names "
+                            "from the run registry)")
+        groups.setdefault("after" + (condition or "ok"), []).append(job)
+    return ",".join(":".join([kind, *jobs]) for kind, jobs in groups.items())
+
+
+def header_options(job: JobSpec, partition) -> list[tuple[str, str | None]]:
+    """The #SBATCH options beyond the core ones: the resources' (Resources.sbatch_options)
+    and the dependency on ``after``."""
+    options = job.resources.sbatch_options(partition)
+    if job.after:
+        options.append(("dependency", dependency(job.after)))
+    return options
 
 
 def requested_options(job: JobSpec, partition, locks: tuple[str, ...]
@@ -96,7 +121,7 @@ def requested_options(job: JobSpec, partition, locks: tuple[str, ...]
     def lock_of(key: str) -> str | None:
         return next((l for l in locks if key == l or key.startswith(l + ".")), None)
 
-    for option, value in job.resources.sbatch_options(partition):
+    for option, value in header_options(job, partition):
         key = OPTION_KEYS.get(option, f"resources.extra_sbatch.{option}")
         fixed[option] = FLAG if value is None else value
         lock = lock_of(key)
@@ -182,7 +207,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "job": job,
         "site": profile,
         "partition": partition,
-        "sbatch_options": job.resources.sbatch_options(partition),
+        "sbatch_options": header_options(job, partition),
         "version": __version__,
         "template_name": job.template,
         "digest": job.digest(),

@@ -13,7 +13,7 @@ from .schema import build, read_yaml, to_dict
 from .values import (  # noqa: F401 (the allow-lists, re-exported for their readers)
     NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, PATH, PATH_HELP, CONSTRAINT, CONSTRAINT_HELP,
     MAIL_TYPES, EMAIL, BEGIN, BEGIN_HELP, BIND_TO, MAP_BY, CPU_BIND, ENV_NAME, TEMPLATE_NAME,
-    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP,
+    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP, AFTER, AFTER_HELP,
 )
 
 # Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.submit.knobs).
@@ -417,6 +417,11 @@ class JobSpec(Record):
         key_help="not a valid environment variable name (letters, digits, _; at most 64)",
         reserved_keys=reserved_env_name, values={"coerce": True}))
     train: Train = field(default_factory=Train)
+    after: list[str] = field(default_factory=list, metadata=_m(
+        "start only after these jobs: JOB (it completed), JOB:any (it ended) or JOB:notok (it "
+        "failed); JOB is a job id or the name of a job submitted from here (its latest run). "
+        "Submitting resolves names to job ids (sbatch --dependency)",
+        pattern=AFTER, pattern_help=AFTER_HELP))
 
     @property
     def world_size(self) -> int:

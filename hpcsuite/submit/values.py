@@ -44,3 +44,9 @@ PY_FILE = r"[A-Za-z0-9_.+@/-]{0,1000}[A-Za-z0-9_+@-]\.py"
 PY_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 USER_REF = rf"(?:{PY_FILE}|{PY_MODULE}):[A-Za-z_][A-Za-z0-9_]*"
 USER_REF_HELP = "FILE.py:function or package.module:function"
+# A dependency (spec `after`, `submit --after`): a job id or the name of a job submitted from
+# here (its latest run), and when the job may start: ok (it completed), any (it ended), notok
+# (it failed).
+AFTER = rf"(?:[0-9]{{1,12}}|{NAME})(?::(?:ok|any|notok))?"
+AFTER_HELP = ("JOB, JOB:ok, JOB:any or JOB:notok (JOB: a job id or the name of a job "
+              "submitted from here)")
