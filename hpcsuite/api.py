@@ -66,7 +66,7 @@ from .submit.spec import JobSpec
 log = logging.getLogger("hpcsuite.api")
 
 __all__ = ["Run", "Restored", "Batch", "torch_state", "load_torch_state", "keras_state",
-           "load_keras_state"]
+           "load_keras_state", "load_checkpoint"]
 
 _ACTIVE: "Run | None" = None
 
@@ -340,6 +340,17 @@ def active() -> Run | None:
     return _ACTIVE
 
 
-def job_spec_json() -> dict:
-    """The resolved job spec as JSON (what every rank read), for scripts that want the dict."""
-    return json.loads(Path(os.environ.get("HPCSUITE_JOB", rundir.JOB)).read_text())
+def load_checkpoint(directory: str | os.PathLike) -> Restored:
+    """The latest good checkpoint in ``directory``, read only: another job's
+    ``train.checkpoint.dir`` (relative to the submit directory), for a job that evaluates or
+    fine-tunes what it trained. Not collective: each rank reads it. A damaged newer checkpoint
+    is skipped with a warning; no checkpoint at all, or only damaged ones, is one line (exit 2)."""
+    from .runtime.checkpoint import CheckpointError, CheckpointStore
+
+    root = Path(directory)
+    loaded = CheckpointStore(root).latest()
+    if loaded is None:
+        raise CheckpointError(f"{root}: no checkpoint to load (is it the train.checkpoint.dir "
+                              "of a job that saved one?)")
+    return Restored(loaded.step, loaded.tensors, loaded.manifest.get("extra", {}),
+                    str(loaded.path))
