@@ -24,7 +24,7 @@ MANAGED_OPTIONS = {
     "output": "output_dir", "account": "resources.account", "qos": "resources.qos",
     "constraint": "resources.constraint", "exclusive": "resources.exclusive",
     "mail-type": "resources.mail_type", "mail-user": "resources.mail_user",
-    "begin": "resources.begin", "comment": "resources.comment",
+    "begin": "resources.begin", "comment": "resources.comment", "dependency": "after",
     "signal": "train.preemption.lead_seconds", "requeue": "train.preemption.requeue",
     "open-mode": "train.preemption.requeue",
 }
