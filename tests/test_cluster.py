@@ -28,7 +28,8 @@ def test_up_twice_is_harmless(local_cluster):
 
 def test_each_node_runs_its_tasks_on_its_own_core(local_cluster):
     """As on separate machines: node i's tasks inherit its slurmd's core, not the whole host."""
-    from hpcsuite.site.cluster import NODES, node_cpus
+    from hpcsuite.site.cluster import node_cpus
+    from hpcsuite.site.slurm_conf import NODES
 
     cluster, env = local_cluster
     for i, node in enumerate(NODES):

@@ -95,7 +95,7 @@ def test_a_job_slurm_can_never_start_is_refused_or_ends_the_wait(local_cluster, 
     import subprocess
 
     from hpcsuite.runs import jobs
-    from hpcsuite.site.cluster import OTHER_PARTITION
+    from hpcsuite.site.slurm_conf import OTHER_PARTITION
 
     _cluster, env = local_cluster
     spec = SPEC.format(backend="torch", epochs=1) + f"  max_steps: 2\n"

@@ -5,9 +5,9 @@ slurmctld and two ``slurmd -N nodeX`` (Debian's slurmd supports several per host
 config, keys, database, state, spool and logs all under one directory (``cluster_dir()``),
 never touching /etc/slurm, /etc/munge or the system's MariaDB. Slurm's commands reach it
 through ``SLURM_CONF``, and jobs render with the cluster's own site profile
-(``etc/hpcsuite/profile.yaml``); ``hpcsuite cluster env`` prints both for a shell. Nothing
-outside this module and ``hpcsuite cluster`` knows the cluster exists: a production login
-node never runs this code.
+(``etc/hpcsuite/profile.yaml``); ``hpcsuite cluster env`` prints both for a shell. What the
+config files say is ``slurm_conf``'s. Nothing outside these two modules and ``hpcsuite
+cluster`` knows the cluster exists: a production login node never runs this code.
 
 Each daemon runs in the foreground (``-D``/``-F``) as a child we detach, so its pid is ours
 to record and to stop; ``down`` signals exactly those pids after checking they still run
@@ -27,29 +27,12 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
+from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, render_conf,
+                         render_dbd_conf, render_profile)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 16817        # slurmctld; slurmd of node i listens on DEFAULT_PORT + i,
-DB_OFFSET, DBD_OFFSET = 3, 4  # MariaDB and slurmdbd on DEFAULT_PORT + 3 and + 4
-NODES = ("node1", "node2")
-PARTITION = "debug"
-# A second partition on the same nodes: what a site's partition lock keeps jobs out of (tests).
-OTHER_PARTITION = "other"
-CLUSTER_NAME = "hpcsuite"
-DB_NAME, DB_USER = "slurm_acct_db", "slurm"
-
-# Jobs on this cluster run as root (it is started by root and SlurmUser=root); OpenMPI's
-# mpirun refuses root unless told. slurmd runs this before every task, the batch script
-# included, and adds what it prints to the task's environment: the allowance is the
-# cluster's, not something every site's template has to carry.
-TASK_PROLOG = """#!/bin/sh
-# Written by `hpcsuite cluster up`: the local cluster's TaskProlog.
-if [ "$(id -u)" = 0 ]; then
-  echo "export OMPI_ALLOW_RUN_AS_ROOT=1"
-  echo "export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-fi
-"""
+DEFAULT_PORT = 16817   # slurmctld's; slurm_conf lays out the others from it
 
 
 def node_cpus(index: int) -> tuple[int, ...]:
@@ -146,103 +129,6 @@ class LocalCluster:
             ports.update(mariadbd=self.port + DB_OFFSET, slurmdbd=self.port + DBD_OFFSET)
         return ports
 
-    def render_conf(self) -> str:
-        r = self.root
-        host = self.hostname
-        lines = [
-            "# Written by `hpcsuite cluster up`; regenerated on every start.",
-            f"ClusterName={CLUSTER_NAME}",
-            f"SlurmctldHost={host}(127.0.0.1)",
-            f"SlurmctldPort={self.port}",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            f"StateSaveLocation={r}/state",
-            f"SlurmdSpoolDir={r}/spool/%n",
-            f"SlurmctldPidFile={r}/run/slurmctld.pid",
-            f"SlurmdPidFile={r}/run/slurmd-%n.pid",
-            f"SlurmctldLogFile={r}/log/slurmctld.log",
-            f"SlurmdLogFile={r}/log/slurmd-%n.log",
-            # Per-node TmpFS: PMIx puts its per-step app dir there, and two virtual nodes
-            # sharing /tmp collide on it (see docs/CLUSTER.md).
-            f"TmpFS={r}/tmp/%n",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "MpiDefault=none",
-            # A node an admin (or a test) sets DOWN stays down until RESUME, as a lost node does
-            # until someone brings it back; one that stopped answering returns when it registers.
-            # With 2, a DOWN node whose slurmd still answered came back at once, while its
-            # requeued job was being placed on it again: the job ran with the node IDLE and
-            # its steps never started.
-            "ReturnToService=1",
-            "SchedulerType=sched/backfill",
-            "SchedulerParameters=sched_interval=2",
-            "JobCompType=jobcomp/filetxt",
-            f"JobCompLoc={r}/log/jobcomp.txt",
-            f"TaskProlog={r}/etc/task_prolog.sh",
-            "MinJobAge=3600",
-            "KillWait=10",
-            "InactiveLimit=0",
-            "SlurmdTimeout=60",
-            "MessageTimeout=20",
-            "PlugStackConfig=/dev/null",
-        ]
-        if self.accounting:
-            lines += [
-                "AccountingStorageType=accounting_storage/slurmdbd",
-                "AccountingStorageHost=127.0.0.1",
-                f"AccountingStoragePort={self.port + DBD_OFFSET}",
-                # The munge socket for talking to slurmdbd (AuthInfo covers only the cluster).
-                f"AccountingStoragePass={self.munge_socket}",
-                # MaxRSS and CPU time per step, sampled every second: Slurm keeps only what
-                # its samples saw (the last one, as a step ends, finds its processes gone), so
-                # with 5 s a job of 4 or 5 seconds had no MaxRSS at all.
-                "JobAcctGatherType=jobacct_gather/linux",
-                "JobAcctGatherFrequency=task=1",
-            ]
-        for i, n in enumerate(NODES):
-            lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
-                         f"Port={self.port + i + 1} CPUs=1 State=UNKNOWN")
-        lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
-                     "MaxTime=INFINITE State=UP")
-        lines.append(f"PartitionName={OTHER_PARTITION} Nodes={','.join(NODES)} Default=NO "
-                     "MaxTime=INFINITE State=UP")
-        return "\n".join(lines) + "\n"
-
-    def render_dbd_conf(self) -> str:
-        r = self.root
-        return "\n".join([
-            "# Written by `hpcsuite cluster up`; regenerated on every start.",
-            "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            "DbdAddr=127.0.0.1",
-            f"DbdHost={self.hostname}",
-            f"DbdPort={self.port + DBD_OFFSET}",
-            "SlurmUser=root",
-            f"PidFile={r}/run/slurmdbd.pid",
-            f"LogFile={r}/log/slurmdbd.log",
-            "StorageType=accounting_storage/mysql",
-            "StorageHost=127.0.0.1",
-            f"StoragePort={self.port + DB_OFFSET}",
-            f"StorageUser={DB_USER}",
-            f"StoragePass={self._db_password()}",
-            f"StorageLoc={DB_NAME}",
-        ]) + "\n"
-
-    def render_profile(self) -> str:
-        """The local cluster's site profile: its partitions, as a site describes its own."""
-        parts = "\n".join(f"  {p}: {{cpus_per_node: 1}}" for p in (PARTITION, OTHER_PARTITION))
-        return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
-                "# cluster (two 1-core nodes on this machine). `hpcsuite cluster env` points\n"
-                "# HPCSUITE_PROFILE here.\n"
-                "name: local\n"
-                "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
-                f"partitions:\n{parts}\n")
-
     def _db_password(self) -> str:
         path = self._path("db", "password")
         if not path.exists():
@@ -260,14 +146,16 @@ class LocalCluster:
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
-        self.conf.write_text(self.render_conf())
+        self.conf.write_text(render_conf(self.root, self.port, self.hostname, self.munge_socket,
+                                         self.accounting))
         prolog = self._path("etc", "task_prolog.sh")
         prolog.write_text(TASK_PROLOG)
         os.chmod(prolog, 0o755)
-        self.profile.write_text(self.render_profile())
+        self.profile.write_text(render_profile())
         if self.accounting:
             dbd = self._path("etc", "slurmdbd.conf")
-            dbd.write_text(self.render_dbd_conf())
+            dbd.write_text(render_dbd_conf(self.root, self.port, self.hostname, self.munge_socket,
+                                           self._db_password()))
             os.chmod(dbd, 0o600)       # slurmdbd refuses a config others can read
             if not self._path("db", "data", "mysql").is_dir():
                 slurm.call(["mariadb-install-db", "--no-defaults",

@@ -1,0 +1,140 @@
+"""The local cluster's shape and config files: slurm.conf, slurmdbd.conf, the TaskProlog and the
+cluster's site profile, each a pure function of its directory, port and host.
+
+``cluster.LocalCluster`` owns where the files go and the daemons that read them; this module
+owns what they say: the nodes, the partitions, and the ports laid out from slurmctld's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NODES = ("node1", "node2")   # slurmd of node i listens on slurmctld's port + i + 1
+PARTITION = "debug"
+# A second partition on the same nodes: what a site's partition lock keeps jobs out of (tests).
+OTHER_PARTITION = "other"
+CLUSTER_NAME = "hpcsuite"
+DB_OFFSET, DBD_OFFSET = 3, 4  # MariaDB and slurmdbd on slurmctld's port + 3 and + 4
+DB_NAME, DB_USER = "slurm_acct_db", "slurm"
+
+# Jobs on this cluster run as root (it is started by root and SlurmUser=root); OpenMPI's
+# mpirun refuses root unless told. slurmd runs this before every task, the batch script
+# included, and adds what it prints to the task's environment: the allowance is the
+# cluster's, not something every site's template has to carry.
+TASK_PROLOG = """#!/bin/sh
+# Written by `hpcsuite cluster up`: the local cluster's TaskProlog.
+if [ "$(id -u)" = 0 ]; then
+  echo "export OMPI_ALLOW_RUN_AS_ROOT=1"
+  echo "export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+fi
+"""
+
+
+def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting: bool) -> str:
+    """slurm.conf: everything under ``root``, slurmctld on ``port``, both nodes on ``host``."""
+    r = root
+    lines = [
+        "# Written by `hpcsuite cluster up`; regenerated on every start.",
+        f"ClusterName={CLUSTER_NAME}",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={munge_socket}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={r}/state",
+        f"SlurmdSpoolDir={r}/spool/%n",
+        f"SlurmctldPidFile={r}/run/slurmctld.pid",
+        f"SlurmdPidFile={r}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={r}/log/slurmctld.log",
+        f"SlurmdLogFile={r}/log/slurmd-%n.log",
+        # Per-node TmpFS: PMIx puts its per-step app dir there, and two virtual nodes
+        # sharing /tmp collide on it (see docs/CLUSTER.md).
+        f"TmpFS={r}/tmp/%n",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "MpiDefault=none",
+        # A node an admin (or a test) sets DOWN stays down until RESUME, as a lost node does
+        # until someone brings it back; one that stopped answering returns when it registers.
+        # With 2, a DOWN node whose slurmd still answered came back at once, while its
+        # requeued job was being placed on it again: the job ran with the node IDLE and
+        # its steps never started.
+        "ReturnToService=1",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=sched_interval=2",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={r}/log/jobcomp.txt",
+        f"TaskProlog={r}/etc/task_prolog.sh",
+        "MinJobAge=3600",
+        "KillWait=10",
+        "InactiveLimit=0",
+        "SlurmdTimeout=60",
+        "MessageTimeout=20",
+        "PlugStackConfig=/dev/null",
+    ]
+    if accounting:
+        lines += _accounting_lines(port, munge_socket)
+    lines += _node_and_partition_lines(port, host)
+    return "\n".join(lines) + "\n"
+
+
+def _accounting_lines(port: int, munge_socket: Path) -> list[str]:
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=127.0.0.1",
+        f"AccountingStoragePort={port + DBD_OFFSET}",
+        # The munge socket for talking to slurmdbd (AuthInfo covers only the cluster).
+        f"AccountingStoragePass={munge_socket}",
+        # MaxRSS and CPU time per step, sampled every second: Slurm keeps only what
+        # its samples saw (the last one, as a step ends, finds its processes gone), so
+        # with 5 s a job of 4 or 5 seconds had no MaxRSS at all.
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=task=1",
+    ]
+
+
+def _node_and_partition_lines(port: int, host: str) -> list[str]:
+    lines = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
+             f"Port={port + i + 1} CPUs=1 State=UNKNOWN" for i, n in enumerate(NODES)]
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
+                 "MaxTime=INFINITE State=UP")
+    lines.append(f"PartitionName={OTHER_PARTITION} Nodes={','.join(NODES)} Default=NO "
+                 "MaxTime=INFINITE State=UP")
+    return lines
+
+
+def render_dbd_conf(root: Path, port: int, host: str, munge_socket: Path,
+                    db_password: str) -> str:
+    """slurmdbd.conf: slurmdbd on ``port`` + DBD_OFFSET, its MariaDB on ``port`` + DB_OFFSET."""
+    r = root
+    return "\n".join([
+        "# Written by `hpcsuite cluster up`; regenerated on every start.",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={munge_socket}",
+        "DbdAddr=127.0.0.1",
+        f"DbdHost={host}",
+        f"DbdPort={port + DBD_OFFSET}",
+        "SlurmUser=root",
+        f"PidFile={r}/run/slurmdbd.pid",
+        f"LogFile={r}/log/slurmdbd.log",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={port + DB_OFFSET}",
+        f"StorageUser={DB_USER}",
+        f"StoragePass={db_password}",
+        f"StorageLoc={DB_NAME}",
+    ]) + "\n"
+
+
+def render_profile() -> str:
+    """The local cluster's site profile: its partitions, as a site describes its own."""
+    parts = "\n".join(f"  {p}: {{cpus_per_node: 1}}" for p in (PARTITION, OTHER_PARTITION))
+    return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
+            "# cluster (two 1-core nodes on this machine). `hpcsuite cluster env` points\n"
+            "# HPCSUITE_PROFILE here.\n"
+            "name: local\n"
+            "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
+            f"partitions:\n{parts}\n")
