@@ -70,7 +70,8 @@ def _batches(ids_per_batch):
 
 @pytest.mark.parametrize("kind", ["synthetic", "npy", "subset"])
 def test_reading_into_buffers_gives_the_same_samples(tmp_path, kind):
-    from hpcsuite.runtime.data import Buffers, Subset, read_block
+    from hpcsuite.runtime.blocks import Buffers, read_block
+    from hpcsuite.runtime.data import Subset
 
     rng = np.random.default_rng(3)
     data = Synthetic(Data(samples=120, shape=[5], classes=4), 1)
@@ -91,7 +92,7 @@ def test_reading_into_buffers_gives_the_same_samples(tmp_path, kind):
 
 def test_a_buffer_is_used_again_only_when_nothing_refers_to_it():
     import torch
-    from hpcsuite.runtime.data import Buffers, read_block
+    from hpcsuite.runtime.blocks import Buffers, read_block
 
     data = Synthetic(Data(samples=64, shape=[3], classes=2), 0)
     buffers = Buffers(most=2)
@@ -113,7 +114,7 @@ def test_a_buffer_is_used_again_only_when_nothing_refers_to_it():
 
 
 def test_full_blocks_share_ones_and_padded_blocks_keep_their_weights():
-    from hpcsuite.runtime.data import Buffers, read_block
+    from hpcsuite.runtime.blocks import Buffers, read_block
 
     data = Synthetic(Data(samples=64, shape=[3], classes=2), 0)
     buffers = Buffers()

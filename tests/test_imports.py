@@ -46,7 +46,7 @@ def test_train_help_does_not_import_frameworks_either():
 
 def test_sharding_data_and_checkpoint_layers_import_no_framework():
     probe = ("import sys, json; import hpcsuite.runtime.sharding, hpcsuite.runtime.data, "
-             "hpcsuite.runtime.checkpoint, hpcsuite.runtime.loop; "
+             "hpcsuite.runtime.blocks, hpcsuite.runtime.checkpoint, hpcsuite.runtime.loop; "
              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('torch', 'tensorflow', 'keras', 'horovod'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)

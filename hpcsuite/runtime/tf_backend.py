@@ -18,7 +18,7 @@ from ..usercode import blame
 from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
 from . import vote
-from .data import MAX_BLOCK, block_size, plan_blocks, read_block
+from .blocks import MAX_BLOCK, block_size, plan_blocks, read_block
 
 
 def _imports():
@@ -157,7 +157,7 @@ class TensorFlowBackend(HorovodBackend):
     # ---------------------------------------------------------------- data
     def feed(self, data, batches):
         """(batch, inputs) for each micro-batch. Micro-batches come in blocks (see
-        :func:`.data.read_block`): one tensor per field for the block, and the step graph takes
+        :func:`.blocks.read_block`): one tensor per field for the block, and the step graph takes
         its micro-batch by index, so no tensor is made per step. inputs: (xs, ys, ws, index)."""
         tf = self.tf
         if not batches:

@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..usercode import blame
 from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
-from .data import Buffers, block_size, plan_blocks, read_block
+from .blocks import Buffers, block_size, plan_blocks, read_block
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -192,11 +192,11 @@ class TorchBackend(HorovodBackend):
             yield batches[i], (x, y, w)
 
     def _read_in_process(self, data, batches):
-        """The micro-batches, read in blocks (see :func:`.data.read_block`: one dataset call
+        """The micro-batches, read in blocks (see :func:`.blocks.read_block`: one dataset call
         and one tensor per field for a block, a view of it per micro-batch). The next block is
         read when free: micro_step asks for it after the backward pass has handed the gradients
         to Horovod and before the optimizer waits for their allreduce. Blocks are read into
-        arrays used again once the previous steps' tensors are gone (:class:`.data.Buffers`)."""
+        arrays used again once the previous steps' tensors are gone (:class:`.blocks.Buffers`)."""
         if not batches:
             return
         from_numpy = self.torch.from_numpy
