@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcsuite.study.alphabeta import FitError, bus_bandwidth, fit
+from hpcsuite.alphabeta import FitError, bus_bandwidth, fit
 from hpcsuite.runtime.allreduce_bench import format_size
 
 

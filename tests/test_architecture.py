@@ -9,7 +9,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "hpcsuite"
 ROOMS = ("cli", "runner", "submit", "runs", "study", "site", "runtime")
-LEAVES = ("errors", "records", "shell", "slurm", "usercode")      # the shared core, at the top
+LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta")   # the shared core, at the top
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
 
 # What each room may import besides itself and the core leaves.
@@ -20,10 +20,9 @@ ALLOWED = {
     "site": {"submit.site_profile"},
     "submit": {"runs.rundir", "runs.registry", "templates"},
     "runs": set(),
-    # runtime.script hands the user's script hpcsuite.api; the allreduce benchmark's report fits
-    # the ring model (the one named exception: a compute-node module reading study's α-β).
+    # runtime.script hands the user's script hpcsuite.api.
     "runtime": {"submit.spec", "submit.lint", "runs.rundir", "runs.results", "runs.attempts",
-                "api", "models", "study.alphabeta"},
+                "api", "models"},
 }
 
 

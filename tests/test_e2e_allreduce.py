@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_bench_allreduce_times_horovod_and_mpi(local_cluster, tmp_path):
-    from hpcsuite.study.alphabeta import AlphaBeta
+    from hpcsuite.alphabeta import AlphaBeta
 
     _, env = local_cluster
     t0 = time.monotonic()

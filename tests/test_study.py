@@ -9,7 +9,7 @@ from hpcsuite.study import points as st
 from hpcsuite.study import bundle as sb
 from hpcsuite.study import advice as sa
 from hpcsuite.study import report as sr
-from hpcsuite.study.alphabeta import AlphaBeta
+from hpcsuite.alphabeta import AlphaBeta
 from hpcsuite.errors import UserError
 from hpcsuite.submit.spec import spec_from_dict
 

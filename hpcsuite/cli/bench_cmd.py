@@ -154,7 +154,7 @@ def _rate(bps: float) -> str:
 
 
 def _table(report: dict, job_id: str, run_dir: str) -> str:
-    from ..study.alphabeta import MODEL, AlphaBeta, FitError
+    from ..alphabeta import MODEL, AlphaBeta, FitError
     from ..runtime.allreduce_bench import CSV, REPORT, format_size
 
     hosts = ", ".join(dict.fromkeys(report["hosts"]))

@@ -236,7 +236,7 @@ def merge_passes(before: dict[int, dict], after: dict[int, dict]) -> dict[int, d
 
 def report(sizes, mpi, horovod, n, hosts, settings, versions) -> dict:
     """The allreduce.json content: per size times, bandwidths and iterations, and the fits."""
-    from hpcsuite.study.alphabeta import FitError, algorithm_bandwidth, bus_bandwidth, fit
+    from hpcsuite.alphabeta import FitError, algorithm_bandwidth, bus_bandwidth, fit
 
     points = []
     for size in sizes:

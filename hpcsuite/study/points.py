@@ -6,7 +6,7 @@ a complete job spec checked against the site's rules before anything is submitte
 training points come the no-communication limit (the same job with
 ``train.horovod.allreduce: false``) and one allreduce benchmark per multi-rank allocation, so
 the report can read each point's efficiency against what the hardware allows and explain it
-with the ring-allreduce model (:mod:`hpcsuite.study.alphabeta`).
+with the ring-allreduce model (:mod:`hpcsuite.alphabeta`).
 
 The study directory is the bundle::
 
