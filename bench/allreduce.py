@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from hpcsuite.alphabeta import FitError, bus_bandwidth, fit
-from hpcsuite.runtime.allreduce_bench import format_size
+from hpcsuite.allreduce import format_size
 
 
 @contextlib.contextmanager

@@ -11,9 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsuite import slurm
+from hpcsuite.allreduce import DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.alphabeta import AlphaBeta, FitError, bus_bandwidth, fit
 from hpcsuite.cli import main
 from hpcsuite.runtime import allreduce_bench as ab
+from hpcsuite.study.allreduce_job import job_spec
 
 from conftest import REPO, SBATCH
 
@@ -134,7 +136,7 @@ def test_json_round_trip_and_a_failed_fit():
     (" 16M , 4 ,1k", [4, 1024, 16 << 20]), ("1MiB,1M,1G", [1 << 20, 1 << 30]), ("8B", [8]),
 ])
 def test_sizes_parse(text, sizes):
-    assert ab.parse_sizes(text) == sizes
+    assert parse_sizes(text) == sizes
 
 
 @pytest.mark.parametrize("text, message", [
@@ -144,13 +146,13 @@ def test_sizes_parse(text, sizes):
 ])
 def test_bad_sizes_are_refused(text, message):
     with pytest.raises(ValueError, match=message):
-        ab.parse_sizes(text)
+        parse_sizes(text)
 
 
 def test_default_sizes_and_their_names():
-    assert ab.DEFAULT_SIZES[0] == 4 and ab.DEFAULT_SIZES[-1] == 64 << 20
-    assert all(b == 4 * a for a, b in zip(ab.DEFAULT_SIZES, ab.DEFAULT_SIZES[1:]))
-    assert [ab.format_size(s) for s in (4, 1024, 1536, 64 << 20, 1 << 30)] == [
+    assert DEFAULT_SIZES[0] == 4 and DEFAULT_SIZES[-1] == 64 << 20
+    assert all(b == 4 * a for a, b in zip(DEFAULT_SIZES, DEFAULT_SIZES[1:]))
+    assert [format_size(s) for s in (4, 1024, 1536, 64 << 20, 1 << 30)] == [
         "4 B", "1 KiB", "1536 B", "64 MiB", "1 GiB"]
 
 
@@ -217,8 +219,9 @@ def test_the_job_is_a_script_mode_spec_that_plans(tmp_path, monkeypatch):
     from hpcsuite.runner import prepare
 
     monkeypatch.chdir(tmp_path)
-    spec = ab.job_spec([4, 1024], 2, 1, "out", "00:03:00", None, 0.25)
+    spec = job_spec([4, 1024], 2, 1, "out", "00:03:00", None, 0.25)
     assert spec["train"]["script"] == str(REPO / "hpcsuite" / "runtime" / "allreduce_bench.py")
+    assert (REPO / "hpcsuite" / "runtime" / "allreduce_bench.py").is_file()
     assert spec["train"]["args"] == ["--sizes", "4,1024", "--budget", "0.25"]
     (tmp_path / "job.yaml").write_text(json.dumps(spec))
     request = prepare("job.yaml", str(SBATCH / "profile.yaml"), None).request

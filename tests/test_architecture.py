@@ -9,14 +9,15 @@ from conftest import REPO
 
 PACKAGE = REPO / "hpcsuite"
 ROOMS = ("cli", "runner", "submit", "runs", "study", "site", "runtime")
-LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta")   # the shared core, at the top
+# the shared core, at the top
+LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce")
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
 
 # What each room may import besides itself and the core leaves.
 ALLOWED = {
     "cli": set(ROOMS) | {"api"},
     "runner": {"submit", "runs", "runtime.job_io"},
-    "study": {"runner", "submit", "runs", "site", "runtime.allreduce_bench"},
+    "study": {"runner", "submit", "runs", "site"},
     "site": {"submit.site_profile"},
     "submit": {"runs.rundir", "runs.registry", "templates"},
     "runs": set(),

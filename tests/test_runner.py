@@ -128,7 +128,7 @@ def test_one_table_of_horovod_knobs():
 
 
 def test_one_allreduce_job_builder_for_bench_and_studies(tmp_path):
-    from hpcsuite.runtime.allreduce_bench import job_spec
+    from hpcsuite.study.allreduce_job import job_spec
     from hpcsuite.submit.spec import load_spec
 
     bench = job_spec([4, 1024], 2, 1, "out", "00:03:00", None, 0.25)

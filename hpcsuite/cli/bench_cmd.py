@@ -62,7 +62,8 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
     The run directory gets allreduce.json (everything, including the fits) and allreduce.csv.
     """
     from .. import runner
-    from ..runtime.allreduce_bench import DEFAULT_SIZES, NAME, job_spec, parse_sizes
+    from ..allreduce import DEFAULT_SIZES, parse_sizes
+    from ..study.allreduce_job import NAME, job_spec
     from ..submit.spec import NAME as NAME_PATTERN, PATH, WALLTIME
 
     sizes = list(DEFAULT_SIZES)
@@ -111,7 +112,7 @@ def _write_spec(path: Path, spec: dict) -> Path:
 def _wait(job_id: str, run_dir: str, as_json: bool) -> tuple[str, dict]:
     """Follow the job (a line per state) to its end; (its state, its allreduce.json)."""
     from ..runner import FAILED, INPUT_ERROR, NEVER_STARTS, wait
-    from ..runtime.allreduce_bench import REPORT
+    from ..runs.rundir import ALLREDUCE as REPORT
 
     t0 = time.monotonic()
     seen = {"state": None}
@@ -155,7 +156,8 @@ def _rate(bps: float) -> str:
 
 def _table(report: dict, job_id: str, run_dir: str) -> str:
     from ..alphabeta import MODEL, AlphaBeta, FitError
-    from ..runtime.allreduce_bench import CSV, REPORT, format_size
+    from ..allreduce import format_size
+    from ..runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV
 
     hosts = ", ".join(dict.fromkeys(report["hosts"]))
     lines = [f"allreduce on {count(report['world_size'], 'rank')} ({hosts}), job {job_id}; "

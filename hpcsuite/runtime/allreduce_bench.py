@@ -26,8 +26,9 @@ which sets its latency floor; in training many gradients share one cycle.
 Rank 0 writes ``allreduce.json`` and ``allreduce.csv`` into the run directory; times in
 seconds, bandwidths in bytes/s, algbw = S/t and busbw = algbw·2(N−1)/N (nccl-tests).
 
-Only the standard library is imported at module level: the login-node command imports the
-size parser and the spec builder from here.
+An entry point, not a library: the login side builds this job
+(:mod:`hpcsuite.study.allreduce_job`) and shares the ``--sizes`` syntax and the defaults with
+it through :mod:`hpcsuite.allreduce`. Only the standard library is imported at module level.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
 import sys
@@ -43,83 +43,11 @@ import time
 from pathlib import Path
 
 # Run as a script (runpy.run_path): absolute imports only.
+from hpcsuite.allreduce import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes  # noqa: E402
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
-NAME = "allreduce-bench"
-DEFAULT_SIZES = tuple(4 * 4 ** k for k in range(13))      # 4 B, 16 B, ... 64 MiB
-MAX_SIZE = 1 << 30                                         # 1 GiB: several buffers per rank
-DEFAULT_BUDGET_S = 0.4
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
 MAX_ITERATIONS = 100_000
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_SIZE = re.compile(r"([0-9]{1,10})\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
-
-
-# ------------------------------------------------------------------ sizes (login node too)
-def parse_size(text: str) -> int:
-    """``"4"``, ``"64K"``, ``"1M"``, ``"1MiB"`` -> bytes (K/M/G are powers of 1024). Raises
-    ValueError saying what is wrong."""
-    m = _SIZE.fullmatch(text.strip())
-    if not m:
-        raise ValueError(f"{text.strip()!r} is not a size (a number with an optional K, M or G "
-                         "suffix, e.g. 4, 64K, 16M)")
-    size = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if size <= 0 or size % 4:
-        raise ValueError(f"{text.strip()!r} is not a positive multiple of 4 bytes (the tensors "
-                         "are float32)")
-    if size > MAX_SIZE:
-        raise ValueError(f"{text.strip()!r} is more than 1G")
-    return size
-
-
-def parse_sizes(text: str) -> list[int]:
-    """Comma-separated sizes -> sorted distinct bytes (ValueError on a bad one)."""
-    parts = text.split(",")
-    if not text.strip() or any(not p.strip() for p in parts):
-        raise ValueError(f"{text!r}: give comma-separated sizes like 4,1K,64K,1M,16M")
-    return sorted({parse_size(p) for p in parts})
-
-
-def format_size(size: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= factor and size % factor == 0:
-            return f"{size // factor} {unit}"
-    return f"{size} B"
-
-
-def job_spec(sizes: list[int] | None, nodes: int, tasks_per_node: int, output_dir: str,
-             time_limit: str | None = None, partition: str | None = None,
-             budget_s: float | None = DEFAULT_BUDGET_S, *, name: str = NAME,
-             base=None) -> dict:
-    """The one builder of the script-mode job that runs this file on every rank, for
-    `hpcsuite bench allreduce` and for a study's benchmark points. Keys the site may decide
-    (partition, walltime, CPUs per task) are left to the profile unless given, or taken from
-    ``base`` (a study's base JobSpec: its partition, walltime, CPUs, memory, environment and
-    launcher, so the benchmark runs where the training does). ``sizes`` and ``budget_s`` None:
-    the rank program's defaults. Checkpoints are off whatever a profile layer says: a
-    benchmark has nothing to resume."""
-    resources: dict = {"nodes": int(nodes), "tasks_per_node": int(tasks_per_node)}
-    if base is not None:
-        r = base.resources
-        resources.update(time=r.time, cpus_per_task=r.cpus_per_task)
-        resources.update({k: getattr(r, k) for k in ("partition", "mem") if getattr(r, k)})
-    if time_limit:
-        resources["time"] = time_limit
-    if partition:
-        resources["partition"] = partition
-    train: dict = {"backend": "torch", "script": str(Path(__file__).resolve())}
-    args = (["--sizes", ",".join(str(s) for s in sizes)] if sizes is not None else []) + \
-        (["--budget", f"{budget_s:g}"] if budget_s is not None else [])
-    if args:
-        train["args"] = args
-    train["checkpoint"] = {"every_steps": 0, "every_minutes": 0, "resume": False}
-    spec = {"name": name, "output_dir": output_dir, "resources": resources, "train": train}
-    if base is not None and base.env:
-        spec["env"] = dict(base.env)
-    if base is not None:
-        spec["launcher"] = base.launcher
-    return spec
-
 
 CSV_COLUMNS = ("bytes", "horovod_s", "mpi_s", "horovod_busbw", "mpi_busbw", "busbw_ratio",
                "horovod_algbw", "mpi_algbw", "horovod_iterations", "mpi_iterations")

@@ -254,13 +254,13 @@ def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, po
     At planning the point is the base spec with the point's --set assignments; from the
     bundle it is the point's resolved job.yaml (so a re-run is the same job whatever the
     user's and project's profiles say), with the output directory of this study directory.
-    An allreduce benchmark is always built afresh (:func:`hpcsuite.runtime.allreduce_bench.
+    An allreduce benchmark is always built afresh (:func:`hpcsuite.study.allreduce_job.
     job_spec`): it runs hpcsuite's installed rank program. ``against_slurm``: also refuse what
     Slurm's partition can never give the point."""
     import yaml
 
     from ..runner import LintFailed, prepare
-    from ..runtime.allreduce_bench import job_spec
+    from .allreduce_job import job_spec
 
     if point.kind == "allreduce":
         spec_path = sd.path / "points" / point.id / "allreduce.yaml"
