@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 # Run as a script (runpy.run_path): absolute imports only.
-from hpcsuite.allreduce import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes  # noqa: E402
+from hpcsuite.allreduce import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
@@ -190,7 +190,8 @@ def report(sizes, mpi, horovod, n, hosts, settings, versions) -> dict:
             "versions": versions, "job_id": os.environ.get("SLURM_JOB_ID")}
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
+    """The command line and its sizes in bytes; argparse's usage error (exit 2) on a bad one."""
     ap = argparse.ArgumentParser(prog="allreduce_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
@@ -204,21 +205,23 @@ def main(argv: list[str] | None = None) -> dict | None:
         sizes = parse_sizes(a.sizes)
     except ValueError as e:
         ap.error(f"--sizes: {e}")
-    started = time.perf_counter()
+    return a, sizes
 
-    # MPI, then Horovod, then MPI again (half the budget each time: drift on a shared machine
-    # weighs on both libraries alike). mpi4py initialises MPI at import with
-    # MPI_THREAD_MULTIPLE (its default rc.thread_level), which is what Horovod asks for;
-    # hvd.init() then finds MPI initialised, works on its own duplicate of COMM_WORLD, and
-    # hvd.shutdown() leaves MPI up for the second pass and for mpi4py to finalise at exit. The
-    # other order (hvd.init() first, then import mpi4py) also works, but hvd.shutdown() then
-    # finalises MPI under mpi4py. MPI is never timed while Horovod runs: its background thread
-    # runs a coordination allreduce every cycle even when idle; in one measurement on the
-    # project's 2-core machine (plain mpirun, shared memory) it made a 4 KiB comm.Allreduce 8x
-    # slower (23 -> 193 us) and a 4-byte one 30x (0.9 -> 27 us).
-    import mpi4py
+
+def measure(sizes: list[int], a: argparse.Namespace):
+    """(comm, MPI's times, Horovod's times, every rank's host on rank 0, Horovod's controller).
+
+    MPI, then Horovod, then MPI again (half the budget each time: drift on a shared machine
+    weighs on both libraries alike). mpi4py initialises MPI at import with
+    MPI_THREAD_MULTIPLE (its default rc.thread_level), which is what Horovod asks for;
+    hvd.init() then finds MPI initialised, works on its own duplicate of COMM_WORLD, and
+    hvd.shutdown() leaves MPI up for the second pass and for mpi4py to finalise at exit. The
+    other order (hvd.init() first, then import mpi4py) also works, but hvd.shutdown() then
+    finalises MPI under mpi4py. MPI is never timed while Horovod runs: its background thread
+    runs a coordination allreduce every cycle even when idle; in one measurement on the
+    project's 2-core machine (plain mpirun, shared memory) it made a 4 KiB comm.Allreduce 8x
+    slower (23 -> 193 us) and a 4-byte one 30x (0.9 -> 27 us)."""
     from mpi4py import MPI
-    import numpy as np
 
     comm = MPI.COMM_WORLD
     n = comm.size
@@ -227,39 +230,59 @@ def main(argv: list[str] | None = None) -> dict | None:
                          "communicates nothing)")
     mpi_before = measure_mpi(comm, sizes, a.budget / 2, a.repeats, a.warmup)
 
-    import horovod
     import horovod.torch as hvd
-    import torch
 
     hvd.init()
     if hvd.size() != n:
         raise RuntimeError(f"Horovod sees {hvd.size()} ranks, MPI {n}")
     horovod_times = measure_horovod(hvd, comm, sizes, a.budget, a.repeats, a.warmup)
     hosts = comm.gather(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), root=0)
-    horovod_mpi = bool(hvd.mpi_enabled())
+    controller = "mpi" if hvd.mpi_enabled() else "gloo"
     hvd.shutdown()      # MPI stays up: mpi4py initialised it (see above)
     mpi = merge_passes(mpi_before, measure_mpi(comm, sizes, a.budget / 2, a.repeats, a.warmup))
-    if comm.rank != 0:
-        return None
-    settings = {"budget_s": a.budget, "repeats": a.repeats, "warmup": a.warmup,
-                "dtype": "float32", "op": "sum", "in_place": True, "order": "mpi, horovod, mpi",
-                "horovod_controller": "mpi" if horovod_mpi else "gloo",
-                "horovod_env": {k: v for k, v in sorted(os.environ.items())
-                                if k.startswith("HOROVOD_")},
-                "elapsed_s": time.perf_counter() - started}
+    return comm, mpi, horovod_times, hosts, controller
+
+
+def versions() -> dict:
+    """The versions of what was measured (all imported by then)."""
+    import horovod
+    import mpi4py
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
     library = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
-    versions = {"python": sys.version.split()[0], "numpy": np.__version__,
-                "torch": torch.__version__, "horovod": horovod.__version__,
-                "mpi4py": mpi4py.__version__, "mpi": library}
-    data = report(sizes, mpi, horovod_times, n, hosts, settings, versions)
-    run_dir = Path(os.environ.get("HPCSUITE_RUN_DIR") or ".")
+    return {"python": sys.version.split()[0], "numpy": np.__version__,
+            "torch": torch.__version__, "horovod": horovod.__version__,
+            "mpi4py": mpi4py.__version__, "mpi": library}
+
+
+def write(data: dict, run_dir: Path) -> Path:
+    """allreduce.csv, then allreduce.json (atomically): the JSON's presence means both are there."""
     path = run_dir / REPORT
     tmp = path.with_name(f".{REPORT}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_csv(data, run_dir / CSV)
-    os.replace(tmp, path)      # the JSON last: its presence means the CSV is there too
-    print(f"allreduce bench: {len(sizes)} sizes on {n} ranks in {settings['elapsed_s']:.1f}s; "
-          f"wrote {path}", flush=True)
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    a, sizes = parse_args(argv)
+    started = time.perf_counter()
+    comm, mpi, horovod_times, hosts, controller = measure(sizes, a)
+    if comm.rank != 0:
+        return None
+    settings = {"budget_s": a.budget, "repeats": a.repeats, "warmup": a.warmup,
+                "dtype": "float32", "op": "sum", "in_place": True, "order": "mpi, horovod, mpi",
+                "horovod_controller": controller,
+                "horovod_env": {k: v for k, v in sorted(os.environ.items())
+                                if k.startswith("HOROVOD_")},
+                "elapsed_s": time.perf_counter() - started}
+    data = report(sizes, mpi, horovod_times, comm.size, hosts, settings, versions())
+    path = write(data, Path(os.environ.get("HPCSUITE_RUN_DIR") or "."))
+    print(f"allreduce bench: {len(sizes)} sizes on {comm.size} ranks in "
+          f"{settings['elapsed_s']:.1f}s; wrote {path}", flush=True)
     return data
 
 
