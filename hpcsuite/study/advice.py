@@ -1,6 +1,6 @@
 """The communication model's reading of one configuration, and the knob that would help most.
 
-The ring-allreduce model (:mod:`hpcsuite.study.alphabeta`), fitted to the study's allreduce
+The ring-allreduce model (:mod:`hpcsuite.alphabeta`), fitted to the study's allreduce
 benchmarks, predicts a point's communication per step from the gradient bytes its results
 record; :func:`explain` sets it beside the measured overhead (step time minus the
 no-communication limit's step time), says where communication starts to dominate and predicts
