@@ -111,3 +111,22 @@ def test_the_rooms_are_packages_and_the_top_holds_only_the_core():
     # results: the README's `hpcsuite.results.Results`, re-exported from runs.results
     assert top == set(LEAVES) | {"__init__", "__main__", "api", "results"}, sorted(top)
     assert all((PACKAGE / r / "__init__.py").is_file() for r in ROOMS)
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
+
+
+def test_no_module_over_450_lines_and_no_function_over_60():
+    """Issue R's sizes: a module reads in one sitting, a function on one screen."""
+    long_modules, long_functions = [], []
+    for path in modules():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{path.relative_to(REPO)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: "
+                                          f"{size} lines")
+    assert not long_modules and not long_functions, long_modules + long_functions

@@ -67,7 +67,7 @@ def axes_label(axes: dict) -> str:
 
 def fits(sd: StudyDir, points: list[Point], state: dict) -> dict[tuple[int, int], tuple]:
     """The ring-allreduce fits of each allocation's benchmark: (Horovod's, MPI's or None)."""
-    from .alphabeta import FitError
+    from ..alphabeta import FitError
 
     out = {}
     for point in points:
@@ -86,7 +86,7 @@ def fits(sd: StudyDir, points: list[Point], state: dict) -> dict[tuple[int, int]
 
 def fit_measurements(data: dict, which: str):
     """The α-β fit of one side ("horovod" or "mpi") of an allreduce benchmark's results."""
-    from .alphabeta import AlphaBeta, fit
+    from ..alphabeta import AlphaBeta, fit
 
     if isinstance(data.get("fit", {}).get(which), dict) and "alpha_s" in data["fit"][which]:
         return AlphaBeta.from_json(data["fit"][which])
