@@ -7,10 +7,10 @@ import click
 from . import emit_json, main
 
 
-def _cluster(port):
+def _cluster(port, gpus: int = 0):
     from ..site.cluster import DEFAULT_PORT, LocalCluster, cluster_dir
 
-    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT)
+    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT, gpus=gpus)
 
 
 port_option = click.option("--port", type=click.IntRange(1024, 65000), default=None,
@@ -34,12 +34,18 @@ def cluster():
 @port_option
 @click.option("--timeout", type=float, default=60, show_default=True,
               help="Seconds to wait for both nodes to be idle.")
-def up(port, timeout):
+@click.option("--gpus", type=click.IntRange(0, 8), default=0, show_default=True,
+              help="GPUs per node declared to Slurm (gres gpu), backed by device files the "
+                   "cluster makes in its own directory (nothing under /dev): jobs get "
+                   "CUDA_VISIBLE_DEVICES from Slurm as on a GPU cluster, with no GPU here. "
+                   "Each node then has one core per GPU. Changing it needs `cluster down`.")
+def up(port, timeout, gpus):
     """Start the cluster (harmless when it already runs)."""
-    c = _cluster(port)
+    c = _cluster(port, gpus)
     for note in c.up(timeout=timeout):
         click.echo(note)
-    click.echo(f"nodes: {', '.join(f'{n}={s}' for n, s in c.node_states().items())}")
+    click.echo(f"nodes: {', '.join(f'{n}={s}' for n, s in c.node_states().items())}"
+               + (f"; {c.declared_gpus()} GPUs each (gres gpu)" if c.declared_gpus() else ""))
     click.echo("accounting: " + ("slurmdbd + MariaDB (sacct works)" if c.accounting else
                                  "off (install Debian's slurmdbd and mariadb-server for sacct)"))
     click.echo('for your shell: eval "$(hpcsuite cluster env)"')

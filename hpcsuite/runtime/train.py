@@ -19,6 +19,8 @@ from ..errors import UserError, count
 from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
 from .job_io import hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
+from .placement import place
+from .ranks import from_env
 from .signals import FLAG, announce_ready
 
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
@@ -28,8 +30,6 @@ log = logging.getLogger(__name__)
 
 
 def rank_from_env() -> int:
-    from .ranks import from_env
-
     return from_env().rank
 
 
@@ -51,6 +51,9 @@ def main(job_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
+    placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
+    if placed:
+        log.info("GPU placement: %s", placed)
     try:
         if job.train.script:
             from .script import run_script

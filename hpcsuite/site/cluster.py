@@ -27,8 +27,8 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
-from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, render_conf,
-                         render_dbd_conf, render_profile)
+from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, gpu_devices,
+                         render_conf, render_dbd_conf, render_gres_conf, render_profile)
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,11 @@ class Daemon:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, port: int = DEFAULT_PORT, accounting: bool | None = None):
+    def __init__(self, root: Path, port: int = DEFAULT_PORT, accounting: bool | None = None,
+                 gpus: int = 0):
         self.root = Path(root)
         self.port = port
+        self.gpus = gpus         # GPUs per node declared to Slurm (gres), backed by device files
         self.conf = self.root / "etc" / "slurm.conf"
         self.profile = self.root / "etc" / "hpcsuite" / "profile.yaml"
         self.munge_socket = self.root / "munge" / "munge.socket.2"
@@ -147,11 +149,19 @@ class LocalCluster:
             key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
         self.conf.write_text(render_conf(self.root, self.port, self.hostname, self.munge_socket,
-                                         self.accounting))
+                                         self.accounting, self.gpus))
+        gres = self._path("etc", "gres.conf")      # slurmd reads it beside slurm.conf
+        if self.gpus:
+            for n in NODES:
+                for device in gpu_devices(self.root, n, self.gpus):
+                    make_device(device)
+            gres.write_text(render_gres_conf(self.root, self.gpus))
+        else:
+            gres.unlink(missing_ok=True)
         prolog = self._path("etc", "task_prolog.sh")
         prolog.write_text(TASK_PROLOG)
         os.chmod(prolog, 0o755)
-        self.profile.write_text(render_profile())
+        self.profile.write_text(render_profile(self.gpus))
         if self.accounting:
             dbd = self._path("etc", "slurmdbd.conf")
             dbd.write_text(render_dbd_conf(self.root, self.port, self.hostname, self.munge_socket,
@@ -208,10 +218,17 @@ class LocalCluster:
             if not _which(prog):
                 raise UserError(f"{prog} not found on PATH: install Debian's slurm-wlm and munge "
                                 "(scripts/setup.sh does)")
+        cores = len(os.sched_getaffinity(0))
+        if self.gpus > cores:
+            raise UserError(f"--gpus {self.gpus}: a node has one core per GPU, and this machine "
+                            f"gives hpcsuite {cores}")
         notes = []
         states = self.states()
         if all(states.values()):
             notes.append(f"cluster already up ({self.root})")
+            if self.declared_gpus() != self.gpus:
+                notes.append(f"it runs with {self.declared_gpus()} GPUs per node, not "
+                             f"{self.gpus}: `hpcsuite cluster down` and up again to change it")
             for d in self.daemons():
                 if d.cpus and _affinity(states[d.name]) not in (None, set(d.cpus)):
                     notes.append(f"{d.name} was started on cores {sorted(_affinity(states[d.name]))}"
@@ -238,6 +255,16 @@ class LocalCluster:
             return notes
         self._wait_idle(timeout)
         return notes
+
+    def declared_gpus(self) -> int:
+        """GPUs per node the running configuration declares (0 when none or no config)."""
+        import re
+
+        try:
+            found = re.search(r" Gres=gpu:(\d+)", self.conf.read_text())
+        except OSError:
+            return 0
+        return int(found.group(1)) if found else 0
 
     def _start(self, d: Daemon) -> None:
         log_path = self._path("log", f"{d.name}.out")
@@ -339,6 +366,23 @@ class LocalCluster:
 
 
 # ---------------------------------------------------------------------- helpers
+
+def make_device(path: Path) -> None:
+    """A character device file for a GPU Slurm hands out: slurmd accepts only devices in
+    gres.conf, and takes their numbers for its device cgroup. /dev/null's numbers: what a
+    rank opening it would reach is harmless (the cluster has task/none, no device cgroup)."""
+    import stat
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_char_device():
+        return
+    path.unlink(missing_ok=True)
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError as e:
+        raise UserError(f"{path}: cannot make the device file a GPU of the local cluster needs "
+                        f"({e.strerror}); `cluster up --gpus` needs root") from None
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -30,8 +30,10 @@ fi
 """
 
 
-def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting: bool) -> str:
-    """slurm.conf: everything under ``root``, slurmctld on ``port``, both nodes on ``host``."""
+def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting: bool,
+                gpus: int = 0) -> str:
+    """slurm.conf: everything under ``root``, slurmctld on ``port``, both nodes on ``host``;
+    ``gpus`` per node declared to Slurm as gres (:func:`render_gres_conf`)."""
     r = root
     lines = [
         "# Written by `hpcsuite cluster up`; regenerated on every start.",
@@ -77,7 +79,9 @@ def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting
     ]
     if accounting:
         lines += _accounting_lines(port, munge_socket)
-    lines += _node_and_partition_lines(port, host)
+    if gpus:
+        lines.append("GresTypes=gpu")
+    lines += _node_and_partition_lines(port, host, gpus)
     return "\n".join(lines) + "\n"
 
 
@@ -96,14 +100,30 @@ def _accounting_lines(port: int, munge_socket: Path) -> list[str]:
     ]
 
 
-def _node_and_partition_lines(port: int, host: str) -> list[str]:
+def _node_and_partition_lines(port: int, host: str, gpus: int = 0) -> list[str]:
+    # With GPUs, a node has a core per GPU, so one rank per GPU fits (on this machine's cores).
+    shape = f"CPUs={gpus} Gres=gpu:{gpus}" if gpus else "CPUs=1"
     lines = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
-             f"Port={port + i + 1} CPUs=1 State=UNKNOWN" for i, n in enumerate(NODES)]
+             f"Port={port + i + 1} {shape} State=UNKNOWN" for i, n in enumerate(NODES)]
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
                  "MaxTime=INFINITE State=UP")
     lines.append(f"PartitionName={OTHER_PARTITION} Nodes={','.join(NODES)} Default=NO "
                  "MaxTime=INFINITE State=UP")
     return lines
+
+
+def gpu_devices(root: Path, node: str, gpus: int) -> list[Path]:
+    """The device files of ``node``'s GPUs: plain files the cluster makes under its own
+    directory (Slurm hands them out by index; nothing under /dev is touched)."""
+    return [root / "dev" / node / f"nvidia{i}" for i in range(gpus)]
+
+
+def render_gres_conf(root: Path, gpus: int) -> str:
+    """gres.conf: each node's GPUs, by their device files."""
+    lines = ["# Written by `hpcsuite cluster up --gpus N`; regenerated on every start."]
+    for n in NODES:
+        lines += [f"NodeName={n} Name=gpu File={f}" for f in gpu_devices(root, n, gpus)]
+    return "\n".join(lines) + "\n"
 
 
 def render_dbd_conf(root: Path, port: int, host: str, munge_socket: Path,
@@ -129,9 +149,10 @@ def render_dbd_conf(root: Path, port: int, host: str, munge_socket: Path,
     ]) + "\n"
 
 
-def render_profile() -> str:
+def render_profile(gpus: int = 0) -> str:
     """The local cluster's site profile: its partitions, as a site describes its own."""
-    parts = "\n".join(f"  {p}: {{cpus_per_node: 1}}" for p in (PARTITION, OTHER_PARTITION))
+    shape = f"cpus_per_node: {gpus}, gpus_per_node: {gpus}" if gpus else "cpus_per_node: 1"
+    parts = "\n".join(f"  {p}: {{{shape}}}" for p in (PARTITION, OTHER_PARTITION))
     return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
             "# cluster (two 1-core nodes on this machine). `hpcsuite cluster env` points\n"
             "# HPCSUITE_PROFILE here.\n"

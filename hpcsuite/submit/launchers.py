@@ -62,10 +62,12 @@ class SrunLauncher(Launcher):
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
         cpu_bind = binding(ctx, "cpu_bind")
+        gpu_bind = binding(ctx, "gpu_bind") if r.gpus_per_node or r.gpus_per_task else None
         return ["srun", f"--mpi={ctx.mpi.srun_mpi}", "--kill-on-bad-exit=1",
                 f"--ntasks={ctx.job.world_size}", f"--ntasks-per-node={r.tasks_per_node}",
                 f"--cpus-per-task={r.cpus_per_task}",
-                *([f"--cpu-bind={cpu_bind}"] if cpu_bind else []), *ctx.mpi.srun_args,
+                *([f"--cpu-bind={cpu_bind}"] if cpu_bind else []),
+                *([f"--gpu-bind={gpu_bind}"] if gpu_bind else []), *ctx.mpi.srun_args,
                 *ctx.command]
 
 

@@ -100,10 +100,7 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                            "a timeline window and train.horovod.timeline (the whole run) exclude "
                            "each other; set one"))
     r = job.resources
-    if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
-        out.append(Finding("warning", "resources.tasks_per_node",
-                           f"{count(r.tasks_per_node, 'rank')} per node but {count(r.gpus_per_node, 'GPU')} per node; "
-                           "Horovod expects one rank per GPU"))
+    out += gpu_findings(job, profile)
     if walltime_seconds(r.time) == 0 and not profile.allow_unlimited_time:
         out.append(Finding("error", "resources.time",
                            f"{r.time!r} means no time limit, which this site does not allow; "
@@ -131,6 +128,43 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
     return out + partition_findings(job, profile)
 
 
+def gpu_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
+    """GPU requests that Slurm versions or launchers treat differently, refused by key."""
+    r, out = job.resources, []
+    gpu_bind = r.binding.gpu_bind or profile.mpi.binding.gpu_bind
+    if r.gpus_per_task and r.gpus_per_node:
+        out.append(Finding("error", "resources.gpus_per_task",
+                           "set gpus_per_node or gpus_per_task, not both: Slurm versions "
+                           "resolve the pair differently"))
+    elif r.gpus_per_task and job.launcher == "mpirun":
+        out.append(Finding("error", "resources.gpus_per_task",
+                           "with launcher mpirun, mpirun starts one daemon per node through "
+                           "srun and Slurm gives that one task gpus_per_task GPUs: the node's "
+                           "ranks would share them; use gpus_per_node, or launcher: srun"))
+    elif r.gpus_per_task and profile.gpu_request == "gres":
+        out.append(Finding("error", "resources.gpus_per_task",
+                           "this site asks for GPUs per node (gpu_request: gres); use "
+                           "gpus_per_node"))
+    if r.binding.gpu_bind and r.gpus_per_task:
+        out.append(Finding("error", "resources.binding.gpu_bind",
+                           "with gpus_per_task, Slurm 21.08 and later bind each task to its "
+                           "own GPUs (--gpu-bind=per_task) and earlier versions did not: an "
+                           "explicit gpu_bind means different things; leave it unset"))
+    if r.binding.gpu_bind and job.launcher == "mpirun":
+        out.append(Finding("error", "resources.binding.gpu_bind",
+                           "is an srun option; under mpirun hpcsuite gives each rank the GPU "
+                           "of its local rank (use launcher: srun, or leave it unset)"))
+    if gpu_bind and not (r.gpus_per_node or r.gpus_per_task) and r.binding.gpu_bind:
+        out.append(Finding("warning", "resources.binding.gpu_bind",
+                           "the job asks for no GPUs: it has no effect"))
+    if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
+        out.append(Finding("warning", "resources.tasks_per_node",
+                           f"{count(r.tasks_per_node, 'rank')} per node but "
+                           f"{count(r.gpus_per_node, 'GPU')} per node; Horovod expects one "
+                           "rank per GPU"))
+    return out
+
+
 def partition_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
     """The job against the site profile's partitions (none: nothing to check)."""
     out: list[Finding] = []
@@ -150,9 +184,9 @@ def partition_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
                 out.append(Finding("error", "resources.tasks_per_node",
                                    f"{r.tasks_per_node} ranks x {r.cpus_per_task} CPUs = {cpus} CPUs per "
                                    f"node, but partition {r.partition!r} has {part.cpus_per_node}"))
-            if r.gpus_per_node > part.gpus_per_node:
-                out.append(Finding("error", "resources.gpus_per_node",
-                                   f"{count(r.gpus_per_node, 'GPU')} per node, but partition {r.partition!r} "
+            if r.gpus_on_node > part.gpus_per_node:
+                out.append(Finding("error", r.gpu_key,
+                                   f"{count(r.gpus_on_node, 'GPU')} per node, but partition {r.partition!r} "
                                    f"has {part.gpus_per_node}"))
             if part.max_time and walltime_seconds(r.time) > walltime_seconds(part.max_time):
                 out.append(Finding("error", "resources.time",
@@ -174,7 +208,7 @@ def cluster_findings(job: JobSpec, part, names: list[str] | None = None) -> list
                          if names and r.partition else ""))]
     out = []
     cpus = r.tasks_per_node * r.cpus_per_task
-    fits = [n for n in part.nodes if n[0] >= cpus and n[1] >= r.gpus_per_node]
+    fits = [n for n in part.nodes if n[0] >= cpus and n[1] >= r.gpus_on_node]
     most_cpus = max((n[0] for n in part.nodes), default=0)
     most_gpus = max((n[1] for n in part.nodes), default=0)
     if cpus > most_cpus:
@@ -183,9 +217,9 @@ def cluster_findings(job: JobSpec, part, names: list[str] | None = None) -> list
                            f"{r.tasks_per_node} ranks x {r.cpus_per_task} CPUs = {cpus} CPUs per "
                            f"node, but the nodes of partition {part.name!r} have at most "
                            f"{most_cpus}"))
-    if r.gpus_per_node > most_gpus:
-        out.append(Finding("error", "resources.gpus_per_node",
-                           f"{count(r.gpus_per_node, 'GPU')} per node, but the nodes of partition "
+    if r.gpus_on_node > most_gpus:
+        out.append(Finding("error", r.gpu_key,
+                           f"{count(r.gpus_on_node, 'GPU')} per node, but the nodes of partition "
                            f"{part.name!r} have at most {most_gpus}"))
     if out:
         return out
@@ -194,7 +228,7 @@ def cluster_findings(job: JobSpec, part, names: list[str] | None = None) -> list
                            f"{count(r.nodes, 'node')}, but partition {part.name!r} lets one job have at "
                            f"most {part.max_nodes} (MaxNodes)"))
     elif r.nodes > len(fits):
-        shape = f" with {cpus} CPUs" + (f" and {r.gpus_per_node} GPUs" if r.gpus_per_node else "")
+        shape = f" with {cpus} CPUs" + (f" and {r.gpus_on_node} GPUs" if r.gpus_on_node else "")
         out.append(Finding("error", "resources.nodes",
                            f"{count(r.nodes, 'node')}, but partition {part.name!r} has "
                            f"{len(fits)} node{'s' if len(fits) != 1 else ''}{shape if len(fits) < len(part.nodes) else ''}"))

@@ -69,8 +69,6 @@ HEADER_KEYS = {
     "resources.nodes": ("nodes", lambda job, root: str(job.resources.nodes)),
     "resources.tasks_per_node": ("ntasks-per-node", lambda job, root: str(job.resources.tasks_per_node)),
     "resources.cpus_per_task": ("cpus-per-task", lambda job, root: str(job.resources.cpus_per_task)),
-    "resources.gpus_per_node": ("gpus-per-node", lambda job, root: str(job.resources.gpus_per_node)
-                                if job.resources.gpus_per_node else None),
     "resources.time": ("time", lambda job, root: job.resources.time),
     "resources.partition": ("partition", lambda job, root: job.resources.partition),
     "resources.mem": ("mem", lambda job, root: job.resources.mem),
@@ -82,7 +80,9 @@ OPTION_KEYS = {"account": "resources.account", "qos": "resources.qos",
                "constraint": "resources.constraint", "exclusive": "resources.exclusive",
                "mail-type": "resources.mail_type", "mail-user": "resources.mail_user",
                "begin": "resources.begin", "comment": "resources.comment",
-               "dependency": "after"}
+               "dependency": "after", "gpus-per-node": "resources.gpus_per_node",
+               "gres": "resources.gpus_per_node", "gpus-per-task": "resources.gpus_per_task",
+               "ntasks": "resources.gpus_per_task"}
 
 
 def dependency(after: list[str]) -> str:
@@ -100,16 +100,31 @@ def dependency(after: list[str]) -> str:
     return ",".join(":".join([kind, *jobs]) for kind, jobs in groups.items())
 
 
-def header_options(job: JobSpec, partition) -> list[tuple[str, str | None]]:
-    """The #SBATCH options beyond the core ones: the resources' (Resources.sbatch_options)
-    and the dependency on ``after``."""
-    options = job.resources.sbatch_options(partition)
+def gpu_options(job: JobSpec, gpu_request: str = "gpus-per-node") -> list[tuple[str, str]]:
+    """How the job's GPUs are asked of Slurm: per node as the site asks (``gpu_request``:
+    --gpus-per-node=N or --gres=gpu:N), or per task (--gpus-per-task=G, which Slurm accepts
+    only with a task count: --ntasks)."""
+    r = job.resources
+    if r.gpus_per_task:
+        return [("ntasks", str(job.world_size)), ("gpus-per-task", str(r.gpus_per_task))]
+    if r.gpus_per_node:
+        return [("gres", f"gpu:{r.gpus_per_node}") if gpu_request == "gres"
+                else ("gpus-per-node", str(r.gpus_per_node))]
+    return []
+
+
+def header_options(job: JobSpec, partition, gpu_request: str = "gpus-per-node"
+                   ) -> list[tuple[str, str | None]]:
+    """The #SBATCH options beyond the core ones: the GPUs, the resources' own
+    (Resources.sbatch_options) and the dependency on ``after``."""
+    options = gpu_options(job, gpu_request) + job.resources.sbatch_options(partition)
     if job.after:
         options.append(("dependency", dependency(job.after)))
     return options
 
 
-def requested_options(job: JobSpec, partition, locks: tuple[str, ...]
+def requested_options(job: JobSpec, partition, locks: tuple[str, ...],
+                      gpu_request: str = "gpus-per-node"
                       ) -> tuple[dict[str, str | None], dict[str, str]]:
     """The options the job's resources ask for, each of which must reach sbatch exactly as
     asked (whatever the template), and the locked ones it leaves unset, which no template may
@@ -121,7 +136,7 @@ def requested_options(job: JobSpec, partition, locks: tuple[str, ...]
     def lock_of(key: str) -> str | None:
         return next((l for l in locks if key == l or key.startswith(l + ".")), None)
 
-    for option, value in header_options(job, partition):
+    for option, value in header_options(job, partition, gpu_request):
         key = OPTION_KEYS.get(option, f"resources.extra_sbatch.{option}")
         fixed[option] = FLAG if value is None else value
         lock = lock_of(key)
@@ -158,7 +173,7 @@ def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
         if getattr(partition, option):
             fixed[option] = getattr(partition, option)
             why[option] = f"the site profile sets it for partition {job.resources.partition}"
-    requested, reasons = requested_options(job, partition, locks)
+    requested, reasons = requested_options(job, partition, locks, profile.gpu_request)
     for option in requested:
         if option not in fixed:
             fixed[option], why[option] = requested[option], reasons[option]
@@ -207,7 +222,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "job": job,
         "site": profile,
         "partition": partition,
-        "sbatch_options": header_options(job, partition),
+        "sbatch_options": header_options(job, partition, profile.gpu_request),
         "version": __version__,
         "template_name": job.template,
         "digest": job.digest(),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import field
-from typing import Optional
+from typing import Literal, Optional
 
 from ..records import Record, record
 from .spec import CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding, _m
@@ -20,6 +20,8 @@ MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
 MANAGED_OPTIONS = {
     "job-name": "name", "nodes": "resources.nodes", "ntasks-per-node": "resources.tasks_per_node",
     "cpus-per-task": "resources.cpus_per_task", "gpus-per-node": "resources.gpus_per_node",
+    "gres": "resources.gpus_per_node", "gpus-per-task": "resources.gpus_per_task",
+    "gpu-bind": "resources.binding.gpu_bind",
     "time": "resources.time", "partition": "resources.partition", "mem": "resources.mem",
     "output": "output_dir", "account": "resources.account", "qos": "resources.qos",
     "constraint": "resources.constraint", "exclusive": "resources.exclusive",
@@ -129,6 +131,9 @@ class SiteProfile(Record):
         "the cluster's partitions and what every job on each one gets", key_pattern=NAME,
         key_help=f"not a partition name ({NAME_HELP})"))
     mpi: Mpi = field(default_factory=Mpi)
+    gpu_request: Literal["gpus-per-node", "gres"] = field(default="gpus-per-node", metadata=_m(
+        "how a job's resources.gpus_per_node is asked of Slurm: --gpus-per-node=N, or "
+        "--gres=gpu:N (Slurm before 19.05, or a site that counts GPUs by gres only)"))
     sbatch_allowed: list[str] = field(default_factory=list, metadata=_m(
         "sbatch long options users may pass with resources.extra_sbatch, e.g. [licenses, "
         "reservation]", pattern=r"[a-z][a-z0-9-]{0,63}",

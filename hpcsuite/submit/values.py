@@ -36,6 +36,9 @@ MAP_BY = (rf"(slot|node|seq|{_PLACES}|ppr:[1-9]\d{{0,3}}:(node|{_PLACES}))"
           r"(,(PE=[1-9]\d{0,3}|span|oversubscribe|nooversubscribe|nolocal|noinherit|inherit)){0,5})?")
 CPU_BIND = (r"((quiet|verbose),)?(none|rank|sockets|cores|threads|ldoms|boards|rank_ldom"
             r"|(map_cpu|mask_cpu|map_ldom|mask_ldom):[0-9A-Fa-fx,*]{1,1024})")
+# srun --gpu-bind (Slurm 22.05): [verbose,]closest, none, single:N, per_task:N, map_gpu:/mask_gpu:.
+GPU_BIND = (r"(verbose,)?(closest|none|(single|per_task):[1-9]\d{0,3}"
+            r"|(map_gpu|mask_gpu):[0-9A-Fa-fx,*]{1,1024})")
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}"
 # User code: FILE.py:function (relative to the submit directory or a train.pythonpath entry)

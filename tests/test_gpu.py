@@ -1,0 +1,83 @@
+"""The GPU path of the backends, run wherever a CUDA GPU is present: each test is skipped with
+the reason printed (pytest -rs) on a machine without one, such as the project's 2-core CI
+machine. GPU placement itself (Slurm gres, CUDA_VISIBLE_DEVICES per rank) needs no GPU and
+is tested in tests/test_gpu_placement.py and tests/test_e2e_gpu.py."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _cuda() -> bool:
+    probe = "import torch; print(torch.cuda.is_available() and torch.cuda.device_count())"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    return done.returncode == 0 and done.stdout.strip() not in ("", "False", "0")
+
+
+needs_gpu = pytest.mark.skipif(not _cuda(), reason="no CUDA GPU here (torch.cuda.is_available() "
+                               "is False): the backends' GPU path was not run")
+
+
+def _run(code: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_gpu
+def test_the_torch_backend_trains_on_its_local_ranks_gpu_with_amp(tmp_path):
+    """One rank: the backend picks cuda:0 (the one device placement leaves visible), AMP is
+    float16 with a gradient scaler, and a few steps give a finite, falling loss."""
+    out = _run(f"""
+import json, os
+os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+from hpcsuite.runtime.loop import Trainer
+from hpcsuite.runtime.torch_backend import TorchBackend
+from hpcsuite.submit.spec import spec_from_dict
+job = spec_from_dict({{"name": "gpu", "output_dir": {str(tmp_path)!r}, "train": {{
+    "precision": "amp", "max_steps": 30, "batch_size": 64, "data": {{"samples": 2048}}}}}}, "t")
+backend = TorchBackend(job)
+per_rank, results = Trainer(job, {str(tmp_path)!r}, backend).run()
+print(json.dumps({{"device": backend.device, "scaler": backend.scaler is not None,
+                  "first": results.loss[0], "last": results.loss[-1]}}))
+""")
+    assert out["device"] == "cuda:0" and out["scaler"]
+    assert out["last"] < out["first"]
+
+
+@needs_gpu
+def test_horovod_was_built_with_nccl_where_cuda_exists():
+    out = _run("import json, horovod.torch as hvd; hvd.init(); "
+               "print(json.dumps({'nccl': hvd.nccl_built(), 'cuda': hvd.cuda_built()}))")
+    assert out == {"nccl": True, "cuda": True}, ("scripts/setup.sh builds Horovod with "
+                                                 "HOROVOD_GPU_OPERATIONS=NCCL when nvcc exists")
+
+
+@needs_gpu
+def test_an_allreduce_on_the_gpu_through_horovod():
+    out = _run("import json, torch, horovod.torch as hvd; hvd.init(); "
+               "t = torch.ones(1024, device='cuda') * (hvd.rank() + 1); "
+               "r = hvd.allreduce(t, op=hvd.Sum); "
+               "print(json.dumps({'device': str(r.device), 'value': float(r[0])}))")
+    assert out == {"device": "cuda:0", "value": 1.0}
+
+
+@needs_gpu
+def test_tensorflow_uses_the_gpu_with_mixed_float16(tmp_path):
+    out = _run(f"""
+import json
+from hpcsuite.runtime.loop import Trainer
+from hpcsuite.runtime.tf_backend import TensorFlowBackend
+from hpcsuite.submit.spec import spec_from_dict
+job = spec_from_dict({{"name": "gpu", "output_dir": {str(tmp_path)!r}, "train": {{
+    "backend": "tensorflow", "precision": "mixed_float16", "max_steps": 20, "batch_size": 64,
+    "data": {{"samples": 2048}}}}}}, "t")
+backend = TensorFlowBackend(job)
+per_rank, results = Trainer(job, {str(tmp_path)!r}, backend).run()
+print(json.dumps({{"device": backend.device, "last": results.loss[-1]}}))
+""")
+    assert out["device"].startswith("cuda:") and out["last"] == out["last"]   # finite, not NaN
