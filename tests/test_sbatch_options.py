@@ -317,11 +317,14 @@ PAYLOADS = [
     "x hetjob --partition=other", "PACKJOB", "x\t--partition=other", "x\x0b-pother",
 ]
 KEYS = ["account", "qos", "constraint", "exclusive", "mail_type", "mail_user", "begin", "comment",
-        "extra_sbatch.licenses", "binding.bind_to", "binding.map_by", "binding.cpu_bind"]
+        "extra_sbatch.licenses", "binding.bind_to", "binding.map_by", "binding.cpu_bind",
+        "binding.gpu_bind", "gpus_per_task", "after"]
 
 
 def hostile_spec(key: str, payload: str) -> str:
     value = json.dumps(payload)
+    if key == "after":               # a top-level list: a job id or a job name, then the condition
+        return f"name: job\nafter: [{value}]\n"
     if key.startswith("extra_sbatch."):
         return f"name: job\nresources: {{extra_sbatch: {{licenses: {value}}}}}\n"
     if "." in key:
@@ -340,7 +343,8 @@ def check_hostile(site, key: str, payload: str) -> str:
     if result.exit_code == 2:
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
-        assert f"resources.{key.split('.')[0]}" in lines[0], lines[0]
+        named = "after" if key == "after" else f"resources.{key.split('.')[0]}"
+        assert f": {named}" in lines[0], lines[0]
         return "refused"
     assert result.exit_code == 0, result.output
     found = header(result.output)
@@ -360,6 +364,17 @@ def test_hostile_values_are_refused_or_stay_one_value(site, key):
     outcomes = [check_hostile(site, key, p) for p in PAYLOADS]
     if key not in ("comment", "extra_sbatch.licenses", "constraint"):   # -pother is a feature name
         assert set(outcomes) == {"refused"}, list(zip(PAYLOADS, outcomes))
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_hostile_after_on_the_command_line_is_refused(site, payload):
+    """submit/render --after: one error line, exit 2, nothing rendered."""
+    site["spec"].write_text("name: job\n")
+    result = CliRunner().invoke(main, ["render", str(site["spec"]), "--after", payload])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --after: ")
 
 
 def test_hostile_comment_is_inert_when_the_script_runs(site, tmp_path):
