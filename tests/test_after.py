@@ -82,11 +82,11 @@ def test_resolve_without_slurm_only_maps_names(tmp_path):
 def test_prepare_renders_the_dependency_and_records_the_resolved_after(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _registered(tmp_path, "train", "41")
-    (tmp_path / "job.yaml").write_text("name: ev\nafter: [train]\n")
+    (tmp_path / "job.yaml").write_text("name: ev\nafter: [train, 7]\n")    # 7: a bare job id
     prepared = runner.prepare("job.yaml", PROFILE, after=("52:any",))
-    assert "#SBATCH --dependency=afterok:41,afterany:52\n" in prepared.request.script
-    assert prepared.request.job.after == ["41:ok", "52:any"]
-    assert '"after": ["41:ok", "52:any"]' in prepared.request.script   # job.json records ids
+    assert "#SBATCH --dependency=afterok:41:7,afterany:52\n" in prepared.request.script
+    assert prepared.request.job.after == ["41:ok", "7:ok", "52:any"]
+    assert '"after": ["41:ok", "7:ok", "52:any"]' in prepared.request.script   # job.json: ids
 
 
 @pytest.mark.parametrize("bad", ["a b", "12:maybe", ":ok", "x" * 70, "12;rm", "-1"])

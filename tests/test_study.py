@@ -531,3 +531,20 @@ def test_a_real_run_refuses_points_slurm_can_never_run_and_a_dry_run_asks_nothin
     monkeypatch.setattr("hpcsuite.study.env.ask_tools", lambda names, horovod: {})
     st.create(str(path), str(isolated / "dry"), None, ask_tools=False)
     assert asked == []
+
+
+def test_a_studys_after_reaches_every_points_header_and_not_its_bundle(isolated):
+    path = write_study(isolated, "name: s\nbase: job.yaml\naxes: {nodes: [1, 2]}\nrepeats: 1\n"
+                                 "limit: false\nallreduce_bench: false\nafter: ['41:any', '42']\n")
+    proc = run_cli("study", "run", str(path), "--dry-run", cwd=isolated)
+    assert proc.returncode == 0, proc.stderr
+    sd = st.StudyDir(isolated / "studies" / "s")
+    for point in ("p00-r0", "p01-r0"):
+        script = (sd.path / "points" / point / "job.sbatch").read_text()
+        assert "#SBATCH --dependency=afterany:41,afterok:42\n" in script
+        assert "after: []" in (sd.path / "points" / point / "job.yaml").read_text()
+    base = (isolated / "job.yaml").read_text()
+    (isolated / "job.yaml").write_text(base + "after: [41]\n")
+    path.write_text(path.read_text().replace("name: s\n", "name: t\n"))
+    proc = run_cli("study", "run", str(path), "--dry-run", cwd=isolated)
+    assert proc.returncode == 2 and "base: job.yaml has `after`" in proc.stderr, proc.stderr

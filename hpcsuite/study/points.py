@@ -43,7 +43,7 @@ from ..errors import ConfigError, UserError, show
 from ..submit.knobs import SWEEPABLE
 from ..records import Record, record
 from ..submit.schema import build, read_yaml
-from ..submit.spec import PATH, PATH_HELP, JobSpec
+from ..submit.spec import AFTER, AFTER_HELP, PATH, PATH_HELP, JobSpec
 from .bundle import (BUNDLE_FILE, POINTS_FILE, STATE_FILE, STUDY_FILE, copy_inputs, external_inputs,
                      file_sha256, verify_bundle, write_environment, write_manifest)
 
@@ -93,6 +93,10 @@ class Study(Record):
     output_dir: str = field(default="studies", metadata=_m(
         "where the study directory goes, relative to the study file",
         pattern=PATH, pattern_help=PATH_HELP))
+    after: list[str] = field(default_factory=list, metadata=_m(
+        "every job of the study starts only after these jobs: JOB, JOB:any or JOB:notok "
+        "(a job id, or the name of a job submitted from the base spec's directory)",
+        pattern=AFTER, pattern_help=AFTER_HELP, coerce=True))
 
 
 def load_study(path: str) -> Study:
@@ -274,7 +278,8 @@ def point_request(sd: StudyDir, study: Study, base_spec: Path, base: JobSpec, po
     else:
         spec, sets = str(base_spec), point_sets(study, base, point, str(sd.runs))
     try:
-        prepared = prepare(spec, profile_path, None, sets, against_slurm, cwd=base_spec.parent)
+        prepared = prepare(spec, profile_path, None, sets, against_slurm, cwd=base_spec.parent,
+                           after=tuple(study.after))
     except LintFailed as e:
         raise UserError("; ".join(f"{f.key}: {f.message}" for f in e.errors)) from None
     return prepared.request.job, prepared.request
@@ -342,6 +347,10 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
     import yaml
 
     base = base_job(base_spec, profile_path)
+    if base.after:
+        raise ConfigError(source, "base", f"{study.base} has `after`: a study's jobs wait "
+                                          "through the study's own `after` (a point's bundled "
+                                          "job keeps no job ids)")
     if base.train.script and study.limit:
         study = dataclasses.replace(study, limit=False)   # the script does its own allreduce
     points = expand(study, base)
@@ -355,7 +364,8 @@ def _plan_points(sd: StudyDir, study: Study, base_spec: Path, profile_path: str 
             problems.append(f"{source}: axes: point {point.id} ({axes}): {e}")
             continue
         sd.point_spec(point).parent.mkdir(parents=True, exist_ok=True)
-        sd.point_spec(point).write_text(yaml.safe_dump(job.to_dict(), sort_keys=False))
+        bundled = dataclasses.replace(job, after=[])      # job ids belong to this cluster, now
+        sd.point_spec(point).write_text(yaml.safe_dump(bundled.to_dict(), sort_keys=False))
         sd.point_script(point).write_text(request.script)
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])

@@ -299,7 +299,7 @@ class JobSpec(Record):
         "start only after these jobs: JOB (it completed), JOB:any (it ended) or JOB:notok (it "
         "failed); JOB is a job id or the name of a job submitted from here (its latest run). "
         "Submitting resolves names to job ids (sbatch --dependency)",
-        pattern=AFTER, pattern_help=AFTER_HELP))
+        pattern=AFTER, pattern_help=AFTER_HELP, coerce=True))
 
     @property
     def world_size(self) -> int:
