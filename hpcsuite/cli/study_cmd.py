@@ -177,3 +177,97 @@ def compare_cmd(a, b, as_json):
         emit_json(c)
     else:
         click.echo(compare_text(c))
+
+
+_POSITIVE = click.FloatRange(min=0.0, min_open=True)
+
+
+@study.command("predict")
+@click.argument("target", required=False, type=FilePath(exists=True, file_okay=False))
+@click.option("--nodes", required=True, metavar="N,N,...", help="Node counts, e.g. 1,2,4,8,16.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=1, show_default=True)
+@click.option("--fabric", metavar="NAME", help="A fabric preset: 10gbe-tcp, 25gbe-tcp, "
+              "100gbe-tcp, 25gbe-roce, 100gbe-roce, ib-edr, ib-hdr, ib-ndr (default: the site "
+              "profile's `fabric`).")
+@click.option("--bandwidth", type=_POSITIVE, help="Instead of --fabric: bus bandwidth between "
+              "nodes in GB/s (nccl-tests' busbw of large allreduces).")
+@click.option("--latency", type=click.FloatRange(min=0.0), help="With --bandwidth: latency per "
+              "ring step in microseconds.")
+@click.option("--intra-node", metavar="NAME", help="The link between a node's GPUs: "
+              "nvlink-a100 or nvlink-h100 (default: as between nodes).")
+@click.option("--params", type=click.IntRange(min=1), help="Without a study: the model's "
+              "parameter count (4 bytes of gradient each).")
+@click.option("--model-bytes", type=click.IntRange(min=1), help="Without a study: gradient "
+              "bytes per step (float32).")
+@click.option("--step-ms", type=_POSITIVE, help="Without a study: one GPU's time per "
+              "micro-batch (forward, backward, optimizer) in ms.")
+@click.option("--throughput", type=_POSITIVE, help="Without a study: one GPU's samples/s "
+              "(with --batch) instead of --step-ms.")
+@click.option("--batch", type=click.IntRange(min=1), help="Samples per GPU per micro-batch.")
+@click.option("--tensors", type=click.IntRange(min=1), help="Gradient tensors per step (lets "
+              "the model try fusion off).")
+@click.option("--backward-fraction", type=click.FloatRange(0.0, 1.0), default=2 / 3,
+              help="Share of a step spent in the backward pass, where allreduces overlap "
+              "[default: 2/3].")
+@click.option("--cycle-ms", type=click.FloatRange(min=0.0), default=1.0, show_default=True,
+              help="Horovod's cycle time.")
+@click.option("--fusion-mb", type=click.FloatRange(min=0.0), default=64.0, show_default=True,
+              help="Horovod's fusion threshold (0: off).")
+@click.option("--fp16", is_flag=True, help="fp16 gradient compression.")
+@click.option("--accumulation", type=click.IntRange(1, 4096), default=1, show_default=True,
+              help="Micro-batches per allreduce.")
+@click.option("--hierarchical", is_flag=True, help="Hierarchical allreduce (rings inside "
+              "nodes and across nodes).")
+@click.option("--threshold", type=click.FloatRange(0.0, 1.0), default=0.8, show_default=True,
+              help="Report the first node count whose efficiency falls under this.")
+@click.option("--csv", "csv_path", type=FilePath(dir_okay=False), help="Write the rows here.")
+@click.option("--png", "png_path", type=FilePath(dir_okay=False), help="Write the efficiency "
+              "plot here (one line per knob setting).")
+@click.option("--json", "as_json", is_flag=True, help="Print the prediction as JSON.")
+@profile_option
+def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_node, params,
+                model_bytes, step_ms, throughput, batch, tensors, backward_fraction, cycle_ms,
+                fusion_mb, fp16, accumulation, hierarchical, threshold, csv_path, png_path,
+                as_json, profile_path):
+    """Predict throughput and scaling efficiency at each of --nodes on a described fabric.
+
+    From a measured study (TARGET: its directory: gradient bytes from its results, the step
+    time of its smallest no-communication point) or from --params/--model-bytes and
+    --step-ms/--throughput. The model: gradients become ready over the backward pass and go to
+    the wire in fusion-threshold buckets at Horovod's cycle ticks, one at a time, each a ring
+    allreduce (flat, or hierarchical) costed by the fabric's bandwidth and latency. Each knob
+    (fp16, accumulation, fusion, cycle, hierarchical) is also tried alone; the one that helps
+    most at the largest node count is named.
+
+    \b
+      hpcsuite study predict --params 25557032 --throughput 360 --batch 64 \\
+          --nodes 1,2,4,8,16,32 --gpus-per-node 8 --fabric ib-hdr --intra-node nvlink-a100
+    """
+    from ..study.predict import Knobs, predict
+    from ..study.predict_io import fabric_for, parse_nodes, table, workload_for, write
+
+    node_list = parse_nodes(nodes)
+    chosen = fabric_for(fabric, bandwidth, latency, intra_node, hierarchical,
+                        None if fabric or bandwidth is not None else _site_fabric(profile_path))
+    workload = workload_for(target, params, model_bytes, step_ms, throughput, batch,
+                            backward_fraction, tensors)
+    knobs = Knobs(cycle_ms, fusion_mb, fp16, accumulation, hierarchical)
+    if fusion_mb == 0 and not workload.tensors:
+        from ..errors import UserError
+
+        raise UserError("--fusion-mb: 0 (fusion off) needs --tensors (how many allreduces)")
+    result = predict(workload, node_list, gpus_per_node, chosen, knobs, threshold)
+    paths = write(result, csv_path, None, png_path)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(table(result))
+    if paths:
+        click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _site_fabric(profile_path):
+    """The site profile's `fabric`, or None (no profile, or none named there)."""
+    from ..study.predict_io import profile_fabric
+
+    return profile_fabric(profile_path)

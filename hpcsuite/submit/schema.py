@@ -136,6 +136,9 @@ def _union(args, value, source, path, meta, partial):
     inner = [a for a in args if a is not type(None)]
     if len(inner) == 1:
         return convert(inner[0], value, source, path, meta, partial)
+    records = [a for a in inner if dataclasses.is_dataclass(a)]
+    if isinstance(value, dict) and len(records) == 1:
+        return convert(records[0], value, source, path, meta, partial)   # its own errors
     # Several types (true/false or a word, as Slurm's --exclusive): the first that takes
     # the value wins; if none does, one error naming them all.
     last: ConfigError | None = None

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 from dataclasses import field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
+from ..fabrics import unknown_preset
 from ..records import Record, record
 from .spec import CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding, _m
 
@@ -104,6 +105,23 @@ class Mpi(Record):
 
 
 @record
+class FabricLink(Record):
+    bandwidth: float = field(default=1.0, metadata=_m(
+        "achievable bus bandwidth in GB/s (nccl-tests' busbw of large allreduces)",
+        min=0.001, max=100000.0))
+    latency: float = field(default=10.0, metadata=_m("latency per ring step in us",
+                                                     min=0.0, max=1000000.0))
+
+
+@record
+class SiteFabric(FabricLink):
+    topology: Literal["flat", "two-level"] = field(default="flat", metadata=_m(
+        "flat: one ring over every GPU; two-level: a ring inside each node, one across nodes"))
+    intra_node: Optional[FabricLink] = field(default=None, metadata=_m(
+        "the link between the GPUs of one node (default: the same as between nodes)"))
+
+
+@record
 class SiteProfile(Record):
     name: Optional[str] = field(default=None, metadata=_m("cluster name", pattern=NAME,
                                                           pattern_help="letters, digits, _ . -"))
@@ -134,6 +152,10 @@ class SiteProfile(Record):
     gpu_request: Literal["gpus-per-node", "gres"] = field(default="gpus-per-node", metadata=_m(
         "how a job's resources.gpus_per_node is asked of Slurm: --gpus-per-node=N, or "
         "--gres=gpu:N (Slurm before 19.05, or a site that counts GPUs by gres only)"))
+    fabric: Optional[Union[SiteFabric, str]] = field(default=None, metadata=_m(
+        "the network between nodes for `hpcsuite study predict`: a preset name or "
+        "{bandwidth: GB/s, latency: us, topology: flat|two-level, intra_node: {bandwidth, "
+        "latency}}", check=unknown_preset))
     sbatch_allowed: list[str] = field(default_factory=list, metadata=_m(
         "sbatch long options users may pass with resources.extra_sbatch, e.g. [licenses, "
         "reservation]", pattern=r"[a-z][a-z0-9-]{0,63}",

@@ -1,0 +1,205 @@
+"""Predicted data-parallel scaling on a described fabric: the step model behind `study predict`.
+
+Pure arithmetic (the standard library only). One optimizer step of Horovod data parallelism on
+N = nodes x gpus_per_node GPUs, each computing the same per-GPU batch:
+
+* **compute.** ``step_s`` is one micro-batch on one GPU (forward, backward, optimizer); the
+  backward pass is its last ``backward_fraction`` (2/3 unless measured). With gradient
+  accumulation k the GPU computes k micro-batches, and the gradients are exchanged once,
+  during the last one's backward pass.
+* **gradients become ready** uniformly by bytes over that backward pass (reverse layer order;
+  whole tensors when their count is known). G bytes in float32, G/2 with fp16 compression.
+* **Horovod's background thread** wakes every ``cycle_ms`` (ticks from the step's start); when
+  it is free and some ready bytes are unsent, it fuses them, up to the fusion threshold (one
+  tensor with fusion off), into one allreduce and is busy until that ends. One at a time.
+* **an allreduce** of S bytes (:func:`allreduce_s`): one flat ring over all N GPUs, or
+  hierarchical (two levels). The step ends when both the computation and the last allreduce
+  have: step = max(k x step_s, last allreduce's end).
+
+Efficiency(N) = throughput(N) / (N x throughput(1 GPU)) = k x step_s / step(N).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..fabrics import BASE_LATENCY_US, Fabric
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one GPU does: ``gradient_bytes`` (float32) per step, ``step_s`` per micro-batch of
+    ``batch`` samples; ``tensors``: how many gradient tensors (needed with fusion off)."""
+
+    gradient_bytes: float
+    step_s: float
+    batch: int
+    backward_fraction: float = 2 / 3
+    tensors: int | None = None
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings the model varies: Horovod's cycle and fusion, fp16 compression, gradient
+    accumulation, hierarchical allreduce."""
+
+    cycle_ms: float = 1.0
+    fusion_mb: float = 64.0
+    fp16: bool = False
+    accumulation: int = 1
+    hierarchical: bool = False
+
+    def label(self) -> str:
+        return (f"cycle {self.cycle_ms:g} ms, fusion {self.fusion_mb:g} MB, "
+                f"{'fp16' if self.fp16 else 'fp32'} gradients, accumulation {self.accumulation}, "
+                f"{'hierarchical' if self.hierarchical else 'flat'} allreduce")
+
+
+def ring_s(nbytes: float, ranks: int, bandwidth_Bps: float, steps_latency_s: float) -> float:
+    """A ring allreduce: 2(n-1)/n x S / B on the wire, plus its steps' latency."""
+    if ranks < 2 or nbytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) / ranks * nbytes / bandwidth_Bps + steps_latency_s
+
+
+def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, fabric: Fabric,
+                hierarchical: bool) -> float:
+    """Seconds for one allreduce of ``nbytes`` over nodes x gpus_per_node GPUs.
+
+    Flat: one ring over all N GPUs. Its slowest link sets the bandwidth (the network once there
+    are two nodes); of its 2(N-1) steps, 2(nodes-1) cross the network and the rest stay inside
+    a node (NCCL's own latency model). Hierarchical (HOROVOD_HIERARCHICAL_ALLREDUCE, as Horovod's
+    NCCL implementation does it): reduce-scatter inside the node, an allreduce across nodes of
+    each GPU's 1/g shard (g shards side by side share the node's network, so the network
+    carries S per node), allgather inside the node. Every allreduce pays NCCL's base latency
+    once."""
+    n = nodes * gpus_per_node
+    if n < 2 or nbytes <= 0:
+        return 0.0
+    inter, intra = fabric.inter, fabric.intra_link()
+    base = BASE_LATENCY_US * 1e-6
+    if not (hierarchical or fabric.two_level) or nodes == 1 or gpus_per_node == 1:
+        link = inter if nodes > 1 else intra
+        cross = 2 * (nodes - 1)
+        latency = cross * inter.latency_s + (2 * (n - 1) - cross) * intra.latency_s
+        return base + ring_s(nbytes, n, link.bandwidth_Bps, latency)
+    g = gpus_per_node
+    inside = (g - 1) / g * nbytes / intra.bandwidth_Bps + (g - 1) * intra.latency_s
+    across = ring_s(nbytes, nodes, inter.bandwidth_Bps, 2 * (nodes - 1) * inter.latency_s)
+    return base + 2 * inside + across
+
+
+def chunk_limit(workload: Workload, knobs: Knobs) -> float:
+    """The most bytes one allreduce carries: the fusion threshold, or one tensor with fusion
+    off."""
+    if knobs.fusion_mb > 0:
+        return knobs.fusion_mb * MiB
+    if workload.tensors:
+        return workload.gradient_bytes * (0.5 if knobs.fp16 else 1.0) / workload.tensors
+    raise ValueError("fusion off needs the number of gradient tensors")
+
+
+def allreduces(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
+               knobs: Knobs) -> list[tuple[float, float, float]]:
+    """(start, end, bytes) of each allreduce of one step, as Horovod's background thread makes
+    them: at each cycle tick at which it is free and some gradient bytes are ready but unsent,
+    it sends them, up to the fusion threshold, and is busy until that allreduce ends. Bytes
+    are ready uniformly over the last micro-batch's backward pass (whole tensors when the
+    tensor count is known)."""
+    total = workload.gradient_bytes * (0.5 if knobs.fp16 else 1.0)
+    backward = workload.backward_fraction * workload.step_s
+    start = knobs.accumulation * workload.step_s - backward
+    limit, cycle = chunk_limit(workload, knobs), knobs.cycle_ms / 1000
+    tensors = workload.tensors
+
+    def ready(t: float) -> float:
+        if backward <= 0:                      # everything at once, when compute ends
+            share = 1.0 if t >= start - 1e-12 else 0.0
+        else:
+            share = min(1.0, max(0.0, (t - start) / backward))
+        return math.floor(share * tensors + 1e-9) / tensors * total if tensors else share * total
+
+    def tick(t: float) -> float:
+        return math.ceil(t / cycle - 1e-9) * cycle if cycle > 0 else t
+
+    out, sent, free = [], 0.0, 0.0
+    while sent < total * (1 - 1e-12):
+        t = tick(free)
+        if ready(t) <= sent * (1 + 1e-12):     # nothing new yet: wait for the next tensor
+            share = (math.floor(sent / total * tensors + 1e-9) + 1) / tensors if tensors \
+                else sent / total + 1e-9
+            t = tick(max(free, start + backward * min(1.0, share)))
+        size = min(ready(t) - sent, limit)
+        free = t + allreduce_s(size, nodes, gpus_per_node, fabric, knobs.hierarchical)
+        out.append((t, free, size))
+        sent += size
+    return out
+
+
+def step_s(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
+           knobs: Knobs) -> float:
+    """Seconds per optimizer step on nodes x gpus_per_node GPUs (see the module's model)."""
+    compute_end = knobs.accumulation * workload.step_s
+    if nodes * gpus_per_node < 2 or workload.gradient_bytes <= 0:
+        return compute_end
+    ops = allreduces(workload, nodes, gpus_per_node, fabric, knobs)
+    return max(compute_end, ops[-1][1])
+
+
+def point(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
+          knobs: Knobs) -> dict:
+    """One row: step, throughput (samples/s) and efficiency at one node count."""
+    step = step_s(workload, nodes, gpus_per_node, fabric, knobs)
+    gpus = nodes * gpus_per_node
+    samples = gpus * knobs.accumulation * workload.batch
+    return {"nodes": nodes, "gpus": gpus, "step_ms": step * 1000,
+            "throughput": samples / step,
+            "efficiency": knobs.accumulation * workload.step_s / step}
+
+
+def alternatives(knobs: Knobs, workload: Workload, gpus_per_node: int) -> dict[str, Knobs]:
+    """The knob settings compared with ``knobs``: each one changed alone."""
+    out = {"current": knobs}
+    if not knobs.fp16:
+        out["fp16 compression"] = replace(knobs, fp16=True)
+    out[f"accumulation {knobs.accumulation * 4}"] = replace(knobs, accumulation=knobs.accumulation * 4)
+    if knobs.fusion_mb != 128:
+        out["fusion 128 MB"] = replace(knobs, fusion_mb=128.0)
+    if knobs.fusion_mb and workload.tensors:
+        out["fusion off"] = replace(knobs, fusion_mb=0.0)
+    if knobs.cycle_ms > 0.5:
+        out["cycle 0.5 ms"] = replace(knobs, cycle_ms=0.5)
+    if knobs.cycle_ms < 5:
+        out["cycle 5 ms"] = replace(knobs, cycle_ms=5.0)
+    if gpus_per_node > 1:
+        out["hierarchical" if not knobs.hierarchical else "flat"] = replace(
+            knobs, hierarchical=not knobs.hierarchical)
+    return out
+
+
+def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fabric,
+            knobs: Knobs, threshold: float = 0.8) -> dict:
+    """Every knob setting at every node count, the knob that helps most at the largest node
+    count, and the first node count where the current settings' efficiency is below
+    ``threshold``."""
+    settings = alternatives(knobs, workload, gpus_per_node)
+    series = {name: [point(workload, n, gpus_per_node, fabric, k) for n in nodes]
+              for name, k in settings.items()}
+    now = series["current"][-1]["efficiency"]
+    gains = {name: rows[-1]["efficiency"] - now for name, rows in series.items()
+             if name != "current"}
+    best = max(gains, key=gains.get) if gains else None
+    below = next((r["nodes"] for r in series["current"] if r["efficiency"] < threshold), None)
+    return {"fabric": fabric.describe(), "gpus_per_node": gpus_per_node,
+            "workload": {"gradient_bytes": workload.gradient_bytes,
+                         "step_ms": workload.step_s * 1000, "batch": workload.batch,
+                         "backward_fraction": workload.backward_fraction,
+                         "tensors": workload.tensors},
+            "knobs": {name: k.label() for name, k in settings.items()},
+            "series": series, "threshold": threshold, "below_threshold_at_nodes": below,
+            "best_knob": ({"knob": best, "efficiency": series[best][-1]["efficiency"],
+                           "gain": gains[best], "at_nodes": nodes[-1]}
+                          if best is not None and gains[best] > 0 else None)}

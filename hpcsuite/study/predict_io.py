@@ -1,0 +1,195 @@
+"""What `study predict` reads and writes: a workload from a measured study, the fabric from the
+options or the site profile, and the table, CSV, JSON and PNG of a prediction."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+from ..errors import UserError
+from .predict import Workload
+
+
+def workload_from_study(target: str, backward_fraction: float) -> Workload:
+    """The workload a study measured: gradient bytes and tensors from a training point's
+    results, the step time from the smallest configuration's no-communication limit (or a
+    1-rank training point), per micro-batch."""
+    from .points import open_study
+    from .report import _results, throughput
+
+    sd = open_study(target)
+    study, state = sd.study(), sd.state()
+    candidates = sorted((p for p in sd.points() if p.kind == "limit"
+                         or (p.kind == "train" and p.ranks == 1)),
+                        key=lambda p: (p.ranks, p.kind != "limit"))
+    for ranks in sorted({p.ranks for p in candidates}):
+        steps, last = [], None
+        for point in (p for p in candidates if p.ranks == ranks):
+            results = _results(sd, point, state.get(point.id, {}))
+            measured = results and throughput(results, study.warmup_steps, study.steps)
+            if measured and results.get("gradient_bytes"):
+                steps.append(measured[1] / (results.get("grad_accumulation") or 1))
+                last = results
+        if steps:
+            return Workload(float(last["gradient_bytes"]), statistics.median(steps),
+                            int(last.get("batch_size_per_rank") or 1), backward_fraction,
+                            int(last.get("gradient_tensors") or 0) or None)
+    raise UserError(f"{target}: no finished 1-rank or no-communication point records a step "
+                    "time and gradient bytes; run the study first, or give --params/--step-ms")
+
+
+COLUMNS = ["setting", "nodes", "gpus", "step_ms", "throughput", "efficiency"]
+
+
+def rows(result: dict) -> list[dict]:
+    return [{"setting": name, **row} for name, series in result["series"].items()
+            for row in series]
+
+
+def table(result: dict) -> str:
+    w = result["workload"]
+    lines = [f"fabric: {result['fabric']}, {result['gpus_per_node']} GPU(s) per node",
+             f"workload: {w['gradient_bytes'] / 1e6:.1f} MB of float32 gradients, "
+             f"{w['step_ms']:.1f} ms per micro-batch of {w['batch']} on one GPU",
+             f"current: {result['knobs']['current']}", "",
+             f"{'nodes':>6} {'GPUs':>6} {'step ms':>9} {'samples/s':>11} {'eff':>6}   "
+             + "  ".join(f"{n[:18]:>18}" for n in result["series"] if n != "current")]
+    current = result["series"]["current"]
+    for i, row in enumerate(current):
+        others = "  ".join(f"{s[i]['efficiency']:>18.3f}" for n, s in result["series"].items()
+                           if n != "current")
+        lines.append(f"{row['nodes']:>6} {row['gpus']:>6} {row['step_ms']:>9.1f} "
+                     f"{row['throughput']:>11.1f} {row['efficiency']:>6.3f}   {others}")
+    best, below = result["best_knob"], result["below_threshold_at_nodes"]
+    lines.append("")
+    lines.append(f"helps most at {current[-1]['nodes']} nodes: {best['knob']} "
+                 f"({best['efficiency']:.3f}, +{best['gain']:.3f})" if best else
+                 f"no knob tried helps at {current[-1]['nodes']} nodes")
+    lines.append(f"efficiency first falls under {result['threshold']:g} at {below} nodes"
+                 if below else f"efficiency stays at or above {result['threshold']:g} up to "
+                 f"{current[-1]['nodes']} nodes")
+    return "\n".join(lines)
+
+
+def write(result: dict, csv_path: str | None, json_path: str | None,
+          png_path: str | None) -> list[Path]:
+    written = []
+    if csv_path:
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows(result))
+        Path(csv_path).write_text(out.getvalue())
+        written.append(Path(csv_path))
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        written.append(Path(json_path))
+    if png_path:
+        plot(result, Path(png_path))
+        written.append(Path(png_path))
+    return written
+
+
+def plot(result: dict, path: Path) -> None:
+    """Efficiency against nodes, one line per knob setting (matplotlib, imported here only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, series in result["series"].items():
+        ax.plot([r["nodes"] for r in series], [r["efficiency"] for r in series], marker="o",
+                linewidth=2.5 if name == "current" else 1.2, label=name)
+    nodes = [r["nodes"] for r in result["series"]["current"]]
+    ax.axhline(result["threshold"], color="grey", linestyle=":", label="threshold")
+    if len(nodes) > 1 and nodes[-1] / max(nodes[0], 1) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(nodes)
+    ax.set_xticklabels([str(n) for n in nodes])
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel(f"nodes ({result['gpus_per_node']} GPU(s) each)")
+    ax.set_ylabel("predicted scaling efficiency")
+    ax.set_title(result["fabric"][:80], fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_nodes(text: str) -> list[int]:
+    """``--nodes 1,2,4,8``: distinct positive integers, in increasing order."""
+    try:
+        nodes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UserError(f"--nodes: {text!r} is not a comma-separated list of node counts, "
+                        "e.g. 1,2,4,8") from None
+    if not nodes or min(nodes) < 1 or max(nodes) > 1_000_000:
+        raise UserError(f"--nodes: {text!r}: each node count must be between 1 and 1000000")
+    return sorted(set(nodes))
+
+
+def fabric_for(name, bandwidth, latency, intra, hierarchical, profile_fabric):
+    """The fabric from --fabric NAME, --bandwidth/--latency, or else the site profile's."""
+    from ..fabrics import Fabric, Link, intra_preset, preset, unknown_preset, INTRA_PRESETS
+
+    if name and (bandwidth is not None or latency is not None):
+        raise UserError("--fabric: give a preset or --bandwidth/--latency, not both")
+    if (bandwidth is None) != (latency is None):
+        raise UserError("--bandwidth: give both --bandwidth (GB/s) and --latency (us)")
+    if intra and unknown_preset(intra, INTRA_PRESETS):
+        raise UserError(f"--intra-node: {unknown_preset(intra, INTRA_PRESETS)}")
+    if name:
+        if unknown_preset(name):
+            raise UserError(f"--fabric: {unknown_preset(name)}")
+        fabric = Fabric(name, preset(name))
+    elif bandwidth is not None:
+        fabric = Fabric(f"{bandwidth:g} GB/s, {latency:g} us", Link(bandwidth, latency))
+    elif profile_fabric is not None:
+        fabric = profile_fabric
+    else:
+        raise UserError("--fabric: no fabric: name a preset (--fabric), give --bandwidth and "
+                        "--latency, or set `fabric:` in the site profile")
+    if intra:
+        fabric = Fabric(f"{fabric.name} + {intra}", fabric.inter, intra_preset(intra),
+                        fabric.two_level)
+    return fabric
+
+
+def workload_for(target, params, model_bytes, step_ms, throughput, batch,
+                 backward_fraction, tensors) -> Workload:
+    """The workload from a study, or from --params/--model-bytes and --step-ms or
+    --throughput with --batch."""
+    given = [o for o, v in (("--params", params), ("--model-bytes", model_bytes)) if v is not None]
+    if target:
+        if given or step_ms is not None or throughput is not None:
+            raise UserError(f"{given[0] if given else '--step-ms'}: a study gives the model and "
+                            "the step time; leave the option out or leave the study out")
+        return workload_from_study(target, backward_fraction)
+    if len(given) != 1:
+        raise UserError("--params: without a study give the model as --params N or "
+                        "--model-bytes B (one of them)")
+    if (step_ms is None) == (throughput is None):
+        raise UserError("--step-ms: without a study give --step-ms T or --throughput S "
+                        "(samples/s of one GPU), one of them")
+    batch = batch or 1
+    step_s = step_ms / 1000 if step_ms is not None else batch / throughput
+    nbytes = model_bytes if model_bytes is not None else params * 4
+    return Workload(float(nbytes), step_s, batch, backward_fraction, tensors)
+
+
+def profile_fabric(profile_path: str | None):
+    """The fabric the site profile layers name (``fabric:``), or None."""
+    from ..fabrics import from_profile
+    from ..submit.config import discover, merge
+    from ..submit.schema import build
+    from ..submit.site_profile import SiteProfile
+
+    layers = discover(None, profile_path)
+    _, profile, _ = merge(layers)
+    source = next((layer.source for layer in layers if layer.name == "site"), "site profile")
+    return from_profile(build(SiteProfile, profile, source).fabric)
