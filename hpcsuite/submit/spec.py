@@ -13,7 +13,8 @@ from .schema import build, read_yaml, to_dict
 from .values import (  # noqa: F401 (the allow-lists, re-exported for their readers)
     NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, PATH, PATH_HELP, CONSTRAINT, CONSTRAINT_HELP,
     MAIL_TYPES, EMAIL, BEGIN, BEGIN_HELP, BIND_TO, MAP_BY, CPU_BIND, ENV_NAME, TEMPLATE_NAME,
-    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP, AFTER, AFTER_HELP,
+    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP, AFTER, AFTER_HELP, IMAGE, IMAGE_HELP, BIND,
+    BIND_HELP,
 )
 
 # Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.submit.knobs).
@@ -86,6 +87,18 @@ def header_text_problem(text: str) -> str | None:
     word = next((w for w in ("hetjob", "packjob") if w in lowered), None)
     if word:
         return f"{word!r} is not allowed: sbatch reads it anywhere in its header as a job separator"
+    return None
+
+
+def path_problem(text: str) -> str | None:
+    """Why an image or bind path could name something other than it reads: '..' segments
+    (/images/../home/x.sif would pass a /images/ prefix) and empty ones."""
+    for part in text.replace("://", "/", 1).split(":"):
+        segments = part.split("/")
+        if ".." in segments:
+            return f"{text!r}: '..' is not allowed in a path"
+        if "" in segments[1:-1]:
+            return f"{text!r}: '//' is not allowed in a path"
     return None
 
 
@@ -402,6 +415,20 @@ class Train(Record):
 
 
 @record
+class Container(Record):
+    """The image every rank runs in; the site profile's container.runtime starts it."""
+    image: Optional[str] = field(default=None, metadata=_m(
+        "the image the ranks run in (unset: on the host): a .sif file or docker:// URI "
+        "(apptainer, singularity), an image reference or registry#image (pyxis), an image "
+        "directory (charliecloud); the site's container.allowed_images apply",
+        pattern=IMAGE, pattern_help=IMAGE_HELP, check=path_problem))
+    binds: list[str] = field(default_factory=list, metadata=_m(
+        "more host paths bound into the container, HOST or HOST:GUEST (the submit and run "
+        "directories, checkpoints and data are bound already)", pattern=BIND,
+        pattern_help=BIND_HELP, check=path_problem))
+
+
+@record
 class JobSpec(Record):
     name: str = field(metadata=_m("job name", pattern=NAME, pattern_help=NAME_HELP))
     template: str = field(default="horovod", metadata=_m(
@@ -417,6 +444,7 @@ class JobSpec(Record):
         key_help="not a valid environment variable name (letters, digits, _; at most 64)",
         reserved_keys=reserved_env_name, values={"coerce": True}))
     train: Train = field(default_factory=Train)
+    container: Container = field(default_factory=Container)
     after: list[str] = field(default_factory=list, metadata=_m(
         "start only after these jobs: JOB (it completed), JOB:any (it ended) or JOB:notok (it "
         "failed); JOB is a job id or the name of a job submitted from here (its latest run). "
