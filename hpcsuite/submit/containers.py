@@ -167,8 +167,9 @@ class Singularity(Apptainer):
 
 
 class Charliecloud(Runtime):
-    """``ch-run``: one -b per bind (each guest path must exist in the image: ch-run 0.31 makes
-    no mount points), $USER set (ch-run refuses to start without it), env passed through."""
+    """``ch-run``: one -b per bind (each guest path must exist in the image: ch-run mounts it
+    read-only and cannot make a missing mount point), $USER set (ch-run refuses to start
+    without it), env passed through."""
 
     name = "charliecloud"
 
