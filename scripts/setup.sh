@@ -25,8 +25,9 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- Debian packages
+# charliecloud-runtime: ch-run, the container runtime the container e2e test runs ranks in.
 APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm slurmdbd mariadb-server munge cmake build-essential
-              environment-modules)
+              environment-modules charliecloud-runtime)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -119,6 +119,17 @@ SPEC_FIELDS = {
     "train.schedule.warmup_epochs": (st.floats(0, 5), st.floats(-3, -1)),
     "train.script": (st.just(None), st.sampled_from(["train.py", "x.sh", "../a.py"])),
     "train.args": (st.lists(hostile_text, max_size=3), st.just("--lr 1")),
+    # sbatch/profile.yaml runs apptainer and allows /apps/images/ and docker://nvcr.io/nvidia/.
+    "container.image": (st.sampled_from(["/apps/images/a.sif", "docker://nvcr.io/nvidia/pytorch:24.01-py3",
+                                         "/apps/images/x/y.sif"]),
+                        st.one_of(hostile_text, st.sampled_from([
+                            "/apps/images/../../home/me/x.sif", "/home/me/x.sif", "/apps/images//x",
+                            "docker://nvcr.io/nvidiax/y", "/apps/images/a.sif --bind /:/host",
+                            "/apps/images/$(id).sif"]))),
+    "container.binds": (st.lists(st.sampled_from(["/data", "/a/b:/c", "/x+y@z"]), max_size=3),
+                        st.lists(st.one_of(hostile_text, st.sampled_from([
+                            "data", "/a,/b", "/a:/b:/c", "/a/../etc", "/a:b", "/$(id)"])),
+                            min_size=1, max_size=2)),
 }
 
 
@@ -194,6 +205,16 @@ PROFILE_FIELDS = {   # key: (valid values, wrong ones)
             "time": st.sampled_from(["00:20:00", "45"])}),
         "env": st.dictionaries(GOOD_ENV_NAMES, hostile_text, max_size=2)}),
         st.fixed_dictionaries({"resources": st.fixed_dictionaries({"time": hostile_text})})),
+    "container": (st.fixed_dictionaries({"runtime": st.sampled_from(
+        ["apptainer", "singularity", "pyxis", "charliecloud"])}, optional={
+            "allowed_images": st.lists(st.sampled_from(["/img/", "/img/*.sif", "reg.io#ml/"]),
+                                       max_size=2),
+            "binds": st.lists(st.sampled_from(["/scratch", "/a:/b"]), max_size=2),
+            "options": st.lists(hostile_text, max_size=2), "python": st.just("python3")}),
+        st.fixed_dictionaries({"runtime": st.sampled_from(["docker", "podman", ""])}, optional={
+            "allowed_images": st.lists(hostile_text, min_size=1, max_size=2),
+            "binds": st.lists(hostile_text, min_size=1, max_size=2),
+            "python": hostile_text})),
     "locked": (st.lists(st.sampled_from(["resources.partition", "resources", "env.NOTE",
                                          "train.horovod", "site.python", "site.setup"]), max_size=3),
                st.lists(st.sampled_from(["resources.partitoin", "site.nosuch", "launcher."]),
@@ -233,6 +254,11 @@ def profile_cases(draw) -> tuple[bytes, bytes]:
         spec["resources"] = {"partition": draw(st.sampled_from(["batch", "other"]))}
     if draw(st.booleans()):
         spec["env"] = {"NOTE": draw(st.sampled_from(["mine", "plain"]))}
+    if draw(st.integers(0, 2)) == 0:
+        spec["container"] = {"image": draw(st.sampled_from(["/img/a.sif", "/img/b/c.sif",
+                                                            "reg.io#ml/x:1", "/home/me/x.sif"]))}
+        if draw(st.booleans()):
+            spec["launcher"] = "srun"
     if draw(st.integers(0, 3)) == 0:
         spec.setdefault("resources", {})["time"] = draw(st.sampled_from(["00:30:00", "3:00:00", "0"]))
     return (text.encode("utf-8", "surrogatepass"),
@@ -485,9 +511,26 @@ def run_spec_case(data: bytes, work: Path) -> tuple[str, str]:
 
         r = resolve(str(spec), str(PROFILE), ambient=False)
         script = json.loads(result.stdout)["script"]
-        return check_script(script, work, expected_header(r.job, r.profile), r.job.env)
+        return check_script(script, work, expected_header(r.job, r.profile), r.job.env) \
+            or container_problem(script, r.job)
 
     return classify_render(result, [str(spec), str(PROFILE)], script_check)
+
+
+def container_problem(script: str, job) -> str | None:
+    """A job in a container: its launch line, split as bash splits it, holds the image as one
+    word and every bind of the job as one element of the --bind list."""
+    import shlex
+
+    if job.container.image is None:
+        return None
+    line = next(l for l in script.splitlines() if l.startswith(("mpirun ", "srun ")))
+    words = shlex.split(line.rstrip(" &"))
+    if words.count(job.container.image) != 1:
+        return f"image {job.container.image!r} is not one word of {words}"
+    bound = words[words.index("--bind") + 1].split(",")
+    missing = [b for b in job.container.binds if b not in bound]
+    return f"binds {missing} not in --bind {bound}" if missing else None
 
 
 def run_profile_case(case: tuple[bytes, bytes], work: Path) -> tuple[str, str]:

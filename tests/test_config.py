@@ -100,7 +100,7 @@ def test_profile_errors_name_their_file(layers):
     ("nodes", "--set: expected KEY=VALUE, got 'nodes'"),
     ("resources.nodez=2", '--set: resources.nodez: unknown key (did you mean "nodes"?); valid '
                           'keys: account, '),
-    ("trian.lr=2", '--set: trian: unknown key (did you mean "train"?); valid keys: after, env, '),
+    ("trian.lr=2", '--set: trian: unknown key (did you mean "train"?); valid keys: after, container, '),
     ("resources.nodes=two", "--set: resources.nodes: expected an integer"),
     ("resources={a: 1}", "a single value is expected"),
 ])

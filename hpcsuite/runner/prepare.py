@@ -94,13 +94,16 @@ def with_dependencies(job, extra: tuple[str, ...], spec: str, workdir: Path, ask
 
 def validate_templates(path, names: list[str], specs: list[Path],
                        profile_path: str | None) -> list[str]:
-    """Render every template in ``names`` against every example spec; problems as strings."""
+    """Render every template in ``names`` against every example spec (one with its own
+    profile-NAME.yaml, a container site, with that profile); problems as strings."""
     from ..submit.config import resolve
     from ..submit.plan import plan
 
     problems = []
     for spec in specs:
-        resolved = resolve(str(spec), profile_path, ambient=False)
+        from ..submit.golden import profile_of
+
+        resolved = resolve(str(spec), profile_of(spec, profile_path), ambient=False)
         for name in names:
             job = dataclasses.replace(resolved.job, template=name)
             try:

@@ -289,6 +289,71 @@ def check_compute(python: str, partition: str | None, timeout: float = 300) -> C
     return Check("compute", PASS, detail)
 
 
+CONTAINER_BINARIES = {"apptainer": "apptainer", "singularity": "singularity",
+                      "charliecloud": "ch-run"}
+
+
+def smoke_image(root: Path) -> list[str]:
+    """A throwaway Charliecloud image in ``root``: mount points, the passwd and group files
+    ch-run binds over, the host's /usr (and /bin, /lib... as links or binds); its ch-run -b flags."""
+    binds = ["/usr"]
+    for d in ("dev", "proc", "sys", "tmp", "home", "etc", "usr"):
+        (root / d).mkdir()
+    for name in ("passwd", "group"):
+        (root / "etc" / name).touch()
+    for name in ("bin", "sbin", "lib", "lib64"):
+        host = Path("/") / name
+        if host.is_symlink():
+            (root / name).symlink_to(os.readlink(host))
+        elif host.is_dir():
+            (root / name).mkdir()
+            binds.append(str(host))
+    return [flag for b in binds for flag in ("-b", b)]
+
+
+def check_container(profile: SiteProfile) -> Check | None:
+    """The profile's container runtime: present, its version; Charliecloud also runs a
+    command in a throwaway image here (user namespaces). None: the profile names none."""
+    runtime = profile.container.runtime
+    if runtime is None:
+        return None
+    if runtime == "pyxis":
+        code, out = _run(["srun", "--help"], timeout=30)
+        if code == 0 and "--container-image" in out:
+            return Check("container", PASS, "pyxis: srun has --container-image (images are not "
+                         "pulled by doctor)")
+        return Check("container", FAIL, "pyxis: srun has no --container-image option",
+                     "install pyxis and enroot, and enable pyxis in Slurm's plugstack.conf")
+    import getpass
+    import tempfile
+
+    binary = CONTAINER_BINARIES[runtime]
+    env = dict(os.environ, USER=os.environ.get("USER") or getpass.getuser())  # ch-run needs it
+    code, out = _run([binary, "--version"], timeout=30, env=env)
+    version = (out.splitlines() or [""])[-1].strip()
+    if code != 0:
+        seen = f"{binary} is not on PATH" if code == 127 else f"{binary}: {version or f'exit {code}'}"
+        return Check("container", FAIL, seen,
+                     f"install {runtime} on the login and compute nodes"
+                     + (" (Debian: charliecloud-runtime)" if runtime == "charliecloud" else ""))
+    if runtime != "charliecloud":
+        return Check("container", PASS, f"{binary} {version} (images are not run by doctor)")
+    with tempfile.TemporaryDirectory(prefix="hpcsuite-doctor-") as tmp:
+        image = Path(tmp) / "image"
+        image.mkdir()
+        flags = smoke_image(image)
+        code, out = _run(["ch-run", *flags, str(image), "--", "cat", "/proc/self/uid_map"],
+                         timeout=30, env=env)
+    if code != 0:
+        return Check("container", FAIL, f"ch-run {version}: a throwaway image did not run: "
+                     f"{(out.splitlines() or [f'exit {code}'])[-1][:200]}",
+                     "ch-run needs unprivileged user namespaces "
+                     "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces)")
+    mapping = " ".join(out.split()[:3])
+    return Check("container", PASS, f"ch-run {version}; ran a command in a throwaway image on "
+                 f"this node (user namespace, uid map {mapping})")
+
+
 def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str | None = None,
                env: dict[str, str] | None = None, compute: bool = True) -> list[Check]:
     python = profile.interpreter()
@@ -296,6 +361,9 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     checks = [check_slurm(profile), check_accounting(), check_pmi(profile, launcher), check_mpi(),
               check_horovod(horovod_build(python), profile), check_infiniband(profile),
               check_network(env, profile), check_gpus(profile)]
+    container = check_container(profile)
+    if container is not None:
+        checks.append(container)
     if compute:
         if checks[0].status == FAIL:
             checks.append(Check("compute", FAIL, "not asked: Slurm does not answer",

@@ -38,7 +38,7 @@ LAYER_EXTRAS = ("defaults", "env", "locked")
 SYSTEM_DIR = Path("/etc/hpcsuite")
 # Profile keys that describe the cluster: once a site profile is in force, only it sets them.
 SITE_ONLY = ("name", "contact", "pinned", "allow_unlimited_time", "module_init", "partitions",
-             "mpi", "sbatch_allowed")
+             "mpi", "sbatch_allowed", "container")
 # Profile lists that later layers add to and never replace: the site's lines always run.
 APPENDED = ("modules", "module_paths", "setup")
 
@@ -325,6 +325,12 @@ def check_site_rules(job: JobSpec, profile: SiteProfile, origins: dict[str, str]
         refuse("resources.constraint", f"partition {r.partition} requires the features "
                                        f"{partition.constraint} for every job; leave "
                                        "resources.constraint unset")
+    from .containers import problems as container_problems
+
+    for key, message in container_problems(job, profile.container)[:1]:
+        # A launcher left at its default is refused where the image was asked for.
+        where = key if origins.get(f"job.{key}", "builtin") != "builtin" else "container.image"
+        raise ConfigError(_source_of(f"job.{where}", origins, layers), key, message)
     if "NONE" in r.mail_type and len(r.mail_type) > 1:
         refuse("resources.mail_type", "NONE cannot be combined with other mail types")
     allowed = profile.sbatch_allowed

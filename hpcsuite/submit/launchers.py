@@ -20,6 +20,7 @@ class LaunchContext(Record):
     mpi: Mpi                         # the site's MPI flavour and extra arguments
     command: tuple[object, ...]      # what every rank runs
     env_names: tuple[str, ...]       # variables every rank must see
+    srun_options: tuple[object, ...] = ()   # srun options a container runtime needs (pyxis)
 
 
 def binding(ctx: LaunchContext, key: str) -> str | None:
@@ -41,6 +42,8 @@ class MpirunLauncher(Launcher):
 
     def argv(self, ctx: LaunchContext) -> list[object]:
         r = ctx.job.resources
+        if ctx.srun_options:
+            raise UserError("launcher: the site's container runtime needs srun; set launcher: srun")
         # Horovod's runner flags by default (mpi.binding): fill each node's slots in order
         # (under Slurm, a node's slots are its tasks per node), and no core binding: each rank
         # manages its own threads.
@@ -68,7 +71,7 @@ class SrunLauncher(Launcher):
                 f"--cpus-per-task={r.cpus_per_task}",
                 *([f"--cpu-bind={cpu_bind}"] if cpu_bind else []),
                 *([f"--gpu-bind={gpu_bind}"] if gpu_bind else []), *ctx.mpi.srun_args,
-                *ctx.command]
+                *ctx.srun_options, *ctx.command]
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (MpirunLauncher, SrunLauncher)}

@@ -11,6 +11,8 @@ from pathlib import Path
 from ..records import Record, record
 from .. import __version__
 from ..runs import rundir
+from . import containers
+from .containers import ContainerLaunch
 from .launchers import LaunchContext, get_launcher
 from .site_profile import SiteProfile
 from .sbatch_header import HeaderError, check_fixed
@@ -210,10 +212,13 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
          locks: tuple[str, ...] = ()) -> BatchRequest:
     """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks)."""
     environment = {**horovod_environment(job), **mpi_environment(job, profile), **job.env}
-    command = [profile.interpreter(), "-m", "hpcsuite", "train", "--job",
-               Raw(rundir.in_shell(rundir.JOB))]
-    ctx = LaunchContext(job=job, mpi=profile.mpi, command=tuple(command),
-                        env_names=("PATH", rundir.ENV, *environment))
+    args = ["-m", "hpcsuite", "train", "--job", Raw(rundir.in_shell(rundir.JOB))]
+    container = ContainerLaunch(command=(profile.interpreter(), *args))
+    if job.container.image is not None:
+        container = containers.launch(job, profile.container, args)
+    ctx = LaunchContext(job=job, mpi=profile.mpi, command=container.command,
+                        env_names=("PATH", rundir.ENV, *container.env_names, *environment),
+                        srun_options=container.srun_options)
     launch = join(get_launcher(job.launcher).argv(ctx))
     run_root = rundir.run_root(job.output_dir, job.name)
     template_file = path.which(job.template)
@@ -232,6 +237,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "module_paths": list(profile.module_paths),
         "modules": list(profile.modules),
         "setup": [Raw(line) for line in profile.setup],
+        "container_setup": list(container.setup),
         "environment": environment,
         "job_json": Raw(json.dumps(job.to_dict(), sort_keys=True, ensure_ascii=True)),
         "launch": launch,

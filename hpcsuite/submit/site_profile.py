@@ -12,7 +12,9 @@ from typing import Literal, Optional, Union
 
 from ..fabrics import unknown_preset
 from ..records import Record, record
-from .spec import CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding, _m
+from .spec import (CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding,
+                   _m, path_problem)
+from .values import BIND, BIND_HELP, IMAGE_PATTERN, IMAGE_PATTERN_HELP
 
 MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
 
@@ -122,6 +124,31 @@ class SiteFabric(FabricLink):
 
 
 @record
+class ContainerSite(Record):
+    """How this site runs ranks in containers (a job names its image in container.image)."""
+    runtime: Optional[Literal["apptainer", "singularity", "pyxis", "charliecloud"]] = field(
+        default=None, metadata=_m(
+            "what starts a job's container.image: apptainer or singularity (`exec`, under "
+            "mpirun or srun), pyxis (srun --container-image; launcher srun only) or "
+            "charliecloud (ch-run, under mpirun or srun); unset: jobs cannot ask for an image"))
+    allowed_images: list[str] = field(default_factory=list, metadata=_m(
+        "the images jobs may run: an image, a prefix ending in / or # (a registry, a "
+        "directory) or a glob (* and ? stop at /); empty: any image",
+        pattern=IMAGE_PATTERN, pattern_help=IMAGE_PATTERN_HELP, check=path_problem))
+    binds: list[str] = field(default_factory=list, metadata=_m(
+        "host paths every job's container gets, HOST or HOST:GUEST (e.g. /scratch)",
+        pattern=BIND, pattern_help=BIND_HELP, check=path_problem))
+    options: list[str] = field(default_factory=list, metadata=_m(
+        "extra runtime arguments before the image (trusted: written by the site), e.g. "
+        "--nv, --no-home (apptainer), --container-remap-root (pyxis); not --cleanenv: the "
+        "ranks need the job's environment (HOROVOD_*, HPCSUITE_RUN_DIR)"))
+    python: str = field(default="python3", metadata=_m(
+        "the interpreter inside the image that runs `hpcsuite train` (hpcsuite must be "
+        "installed in the image)", pattern=r"[A-Za-z0-9_.+@/-]{1,1024}",
+        pattern_help="a command name or absolute path"))
+
+
+@record
 class SiteProfile(Record):
     name: Optional[str] = field(default=None, metadata=_m("cluster name", pattern=NAME,
                                                           pattern_help="letters, digits, _ . -"))
@@ -156,6 +183,7 @@ class SiteProfile(Record):
         "the network between nodes for `hpcsuite study predict`: a preset name or "
         "{bandwidth: GB/s, latency: us, topology: flat|two-level, intra_node: {bandwidth, "
         "latency}}", check=unknown_preset))
+    container: ContainerSite = field(default_factory=ContainerSite)
     sbatch_allowed: list[str] = field(default_factory=list, metadata=_m(
         "sbatch long options users may pass with resources.extra_sbatch, e.g. [licenses, "
         "reservation]", pattern=r"[a-z][a-z0-9-]{0,63}",

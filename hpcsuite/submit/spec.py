@@ -14,7 +14,8 @@ from .schema import build, read_yaml, to_dict
 from .values import (  # noqa: F401 (the allow-lists, re-exported for their readers)
     NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, PATH, PATH_HELP, CONSTRAINT, CONSTRAINT_HELP,
     MAIL_TYPES, EMAIL, BEGIN, BEGIN_HELP, BIND_TO, MAP_BY, CPU_BIND, GPU_BIND, ENV_NAME, TEMPLATE_NAME,
-    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP, AFTER, AFTER_HELP,
+    PY_FILE, PY_MODULE, USER_REF, USER_REF_HELP, AFTER, AFTER_HELP, IMAGE, IMAGE_HELP, BIND,
+    BIND_HELP,
 )
 
 # Horovod variables the template derives from train.horovod: variable -> knob (hpcsuite.submit.knobs).
@@ -58,6 +59,18 @@ def precision_problem(backend: str, precision: str) -> str | None:
         return ("mixed_float16 is TensorFlow's policy; for torch use amp (float16 with a gradient "
                 "scaler on CUDA, bfloat16 on the CPU)")
     return f"{precision} is not available for {backend}; choose {', '.join(PRECISIONS[backend])}"
+
+
+def path_problem(text: str) -> str | None:
+    """Why an image or bind path could name something other than it reads: '..' segments
+    (/images/../home/x.sif would pass a /images/ prefix) and empty ones."""
+    for part in text.replace("://", "/", 1).split(":"):
+        segments = part.split("/")
+        if ".." in segments:
+            return f"{text!r}: '..' is not allowed in a path"
+        if "" in segments[1:-1]:
+            return f"{text!r}: '//' is not allowed in a path"
+    return None
 
 
 @record
@@ -280,6 +293,20 @@ class Train(Record):
 
 
 @record
+class Container(Record):
+    """The image every rank runs in; the site profile's container.runtime starts it."""
+    image: Optional[str] = field(default=None, metadata=_m(
+        "the image the ranks run in (unset: on the host): a .sif file or docker:// URI "
+        "(apptainer, singularity), an image reference or registry#image (pyxis), an image "
+        "directory (charliecloud); the site's container.allowed_images apply",
+        pattern=IMAGE, pattern_help=IMAGE_HELP, check=path_problem))
+    binds: list[str] = field(default_factory=list, metadata=_m(
+        "more host paths bound into the container, HOST or HOST:GUEST (the submit and run "
+        "directories, checkpoints and data are bound already)", pattern=BIND,
+        pattern_help=BIND_HELP, check=path_problem))
+
+
+@record
 class JobSpec(Record):
     name: str = field(metadata=_m("job name", pattern=NAME, pattern_help=NAME_HELP))
     template: str = field(default="horovod", metadata=_m(
@@ -295,6 +322,7 @@ class JobSpec(Record):
         key_help="not a valid environment variable name (letters, digits, _; at most 64)",
         reserved_keys=reserved_env_name, values={"coerce": True}))
     train: Train = field(default_factory=Train)
+    container: Container = field(default_factory=Container)
     after: list[str] = field(default_factory=list, metadata=_m(
         "start only after these jobs: JOB (it completed), JOB:any (it ended) or JOB:notok (it "
         "failed); JOB is a job id or the name of a job submitted from here (its latest run). "

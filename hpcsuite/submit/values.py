@@ -53,3 +53,20 @@ USER_REF_HELP = "FILE.py:function or package.module:function"
 AFTER = rf"(?:[0-9]{{1,12}}|{NAME})(?::(?:ok|any|notok))?"
 AFTER_HELP = ("JOB, JOB:ok, JOB:any or JOB:notok (JOB: a job id or the name of a job "
               "submitted from here)")
+# Container images (container.image, site container.allowed_images): a path (/images/x.sif, a
+# Charliecloud image directory), a registry reference (nvcr.io/nvidia/pytorch:24.01-py3), a URI
+# (docker://..., oras://...) or pyxis's registry#image form. No spaces, quotes, commas or '$':
+# pyxis reads --container-image as one option value, apptainer an argument.
+IMAGE = r"[A-Za-z0-9/][A-Za-z0-9_.+@/:#-]{0,511}"
+IMAGE_HELP = ("a path or registry reference: letters, digits and / . _ - + @ : # only, "
+              "e.g. /images/pytorch.sif or docker://nvcr.io/nvidia/pytorch:24.01-py3")
+# allowed_images entries: an image, a prefix ending in / or #, or a glob (* and ? stop at /).
+IMAGE_PATTERN = r"[A-Za-z0-9/*?][A-Za-z0-9_.+@/:#*?-]{0,511}"
+IMAGE_PATTERN_HELP = ("an image, a prefix ending in / or # (a registry or directory), or a glob "
+                      "where * and ? do not cross /, e.g. docker://nvcr.io/nvidia/ or /images/*.sif")
+# Binds: HOST or HOST:GUEST, absolute plain paths (',' separates binds for apptainer and pyxis,
+# ':' host from guest, so neither may be in a path).
+BIND_PATH = r"/[A-Za-z0-9_.+@/-]{0,1023}"
+BIND = rf"{BIND_PATH}(:{BIND_PATH})?"
+BIND_HELP = ("HOST or HOST:GUEST, absolute paths of letters, digits and / . _ - + @ "
+             "(no , : or spaces inside a path)")
