@@ -1,7 +1,7 @@
 """End to end on the local Slurm cluster: train.monitor.tensorboard's event files, read back by
-TensorBoard's own reader (EventAccumulator). A 2-rank PyTorch managed-loop job (only rank 0
-writes; the loss, learning rate and validation TensorBoard shows are results.json's numbers),
-and a script-mode job preempted and requeued (one log directory: the run continues)."""
+TensorBoard's own reader (EventAccumulator). A 2-rank managed-loop job, PyTorch and TensorFlow
+(only rank 0 writes; the loss, learning rate and validation TensorBoard shows are results.json's
+numbers), and a script-mode job preempted and requeued (one log directory: the run continues)."""
 
 import json
 import subprocess
@@ -33,7 +33,7 @@ def f32(x: float) -> float:
 MANAGED = """name: tbm
 resources: {nodes: 2, time: "00:05:00"}
 train:
-  backend: torch
+  backend: BACKEND
   model: mlp
   data: {samples: 2048, shape: [32]}
   batch_size: 32
@@ -44,9 +44,10 @@ train:
 """
 
 
-def test_a_managed_job_charts_what_results_json_records(local_cluster, tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_a_managed_job_charts_what_results_json_records(local_cluster, tmp_path, backend):
     cluster, env = local_cluster
-    (tmp_path / "tbm.yaml").write_text(MANAGED)
+    (tmp_path / "tbm.yaml").write_text(MANAGED.replace("BACKEND", backend))
     out = run_cli("submit", "tbm.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     payload = json.loads(out.stdout)
