@@ -191,6 +191,8 @@ class Run:
             self._timeline.step(self.step)
         if s.progress_due():
             self._write_progress(metrics)
+        if s.chart_due():              # rank 0, train.monitor.tensorboard, a few times a second
+            s.chart_training(self.step, **metrics)
         if self.rank == 0 and s.policy.log_due(time.monotonic()):
             shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             log.info("step %d, epoch %d%s", self.step, self.epoch, f", {shown}" if shown else "")
@@ -262,7 +264,11 @@ class Run:
         if self.rank != 0:
             return
         if m.step_times:       # the last step, not one up to 2 s before it
-            self._write_progress({k: v[-1] for k, v in m.series.items() if v})
+            last = {k: v[-1] for k, v in m.series.items() if v}
+            self._write_progress(last)
+            if s.chart is not None and s.chart.last_step != self.step:
+                s.chart_training(self.step, **last)
+        s.close_chart()
         metrics = {k: list(v) for k, v in m.series.items()}   # every run.log() series
         results = s.results(
             gathered, status, mode="script", model=self.t.script, dataset_samples=self._n or 0,

@@ -36,6 +36,9 @@ def test_paths_of_one_run(tmp_path):
     assert run.ledger(1, 2) == p / "ledger" / "rank-1-attempt-2.txt"
     assert run.timeline_window(10, 15) == p / "horovod-timeline-steps-10-15.json"
     assert (run.allreduce, run.allreduce_csv) == (p / "allreduce.json", p / "allreduce.csv")
+    assert run.tensorboard == p / "tensorboard"
+    assert run.tensorboard_events(1.5e9, "node1", 42) == \
+        p / "tensorboard" / "events.out.tfevents.1500000000.node1.42"
     assert run.slurm_log("42") == tmp_path / "runs" / "mlp" / "slurm-42.out"
     assert run.root == RunRoot(tmp_path / "runs" / "mlp")
     assert run.default_checkpoints == tmp_path / "runs" / "mlp" / "checkpoints"
@@ -78,6 +81,14 @@ def test_listings_read_back_what_the_names_write(tmp_path):
         run.timeline_window(first, last).write_text("[]")
     (tmp_path / "horovod-timeline-steps-a-b.json").write_text("[]")
     assert run.timeline_windows() == [run.timeline_window(5, 10), run.timeline_window(30, 35)]
+
+    assert run.tensorboard_files() == []
+    run.tensorboard.mkdir()
+    for seconds in (1_800_000_000, 999_999_999):       # the time orders the attempts' files
+        run.tensorboard_events(seconds, "node1", 7).write_bytes(b"")
+    (run.tensorboard / "notes.txt").write_text("")
+    assert run.tensorboard_files() == [run.tensorboard_events(999_999_999, "node1", 7),
+                                       run.tensorboard_events(1_800_000_000, "node1", 7)]
     assert rundir.timeline_window_steps(run.timeline_window(5, 10).name) == (5, 10)
     assert rundir.timeline_window_steps("horovod-timeline.json") is None
 
@@ -137,18 +148,18 @@ _FILES = (r"job\.json|results\.json|progress\.json|attempts\.jsonl|submit\.json|
 # (not the plots' names: a study's report draws its own throughput.png)
 NAME = re.compile(
     rf"(?:^|/|\"|')(?:{_FILES})(?:$|[\"'/])"
-    r"|STOP-REQUESTED|FAILED-attempt|results-attempt-|horovod-timeline-steps-"
+    r"|STOP-REQUESTED|FAILED-attempt|results-attempt-|horovod-timeline-steps-|events\.out\.tfevents"
     r"|(?:^|/)rank-(?:\{\}|\*|\d)"                  # rank-{rank}.json, logs/rank-*.log
     r"|(?:^|/)attempt-(?:\{\}|\*|\d|\$)"            # ready/attempt-{n}
     r"|-attempt-\{\}"                               # {FAILED}-attempt-{n}
-    r"|(?:^|/)(?:ready|logs|ledger)/"
+    r"|(?:^|/)(?:ready|logs|ledger|tensorboard)/"
     r"|slurm-(?:%j|\{\}|\*|\d+)\.out"
     r"|\$\{?RUN_DIR\}?/(?!\{\{)")                  # a template's "$RUN_DIR/name"
 # One-word names that are also ordinary words (PREEMPTED is a Slurm state): spelled only where
 # they are a path part (``x / "logs"``, ``x.glob("FAILED-*")``, ``name.startswith("FAILED")``)
 # or a module's or class's constant of their own (``MARKER = "PREEMPTED"``).
 SHORT = {rundir.PREEMPTED, rundir.READY, rundir.FAILED, rundir.LOGS, rundir.LEDGER,
-         rundir.STOP_REQUESTED, rundir.CHECKPOINTS, rundir.LOCAL}
+         rundir.STOP_REQUESTED, rundir.CHECKPOINTS, rundir.LOCAL, rundir.TENSORBOARD}
 _PATH_CALLS = {"glob", "rglob", "joinpath", "with_name", "startswith", "endswith", "Path"}
 
 
@@ -237,6 +248,9 @@ def spelled_in_template(text: str) -> list[tuple[int, str]]:
     ('msg = f"wrote {run_dir}/results.json"\n', [1]),
     ('prom = f"hpcsuite-{job_id}-rank-{rank}.prom"\n', []),
     ('g = p.glob("results-attempt-*.json")\n', [1]),
+    ('d = run_dir / "tensorboard"\n', [1]),
+    ('f = d.glob("events.out.tfevents.*")\n', [1]),
+    ('from tensorboard.compat.proto import event_pb2\nhelp = "TensorBoard event files"\n', []),
 ])
 def test_the_check_finds_literals_not_prose(source, expected):
     assert [line for line, _ in spelled_in_python(source)] == expected

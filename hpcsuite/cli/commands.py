@@ -252,8 +252,9 @@ def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -
 def report(run, out):
     """Draw PNG plots of RUN (a job id, a run directory, or a job name) from its results:
     loss.png, throughput.png, and with train.monitor utilisation.png. Prints, for each Horovod
-    timeline window (train.monitor.timeline_steps), the time per step of its activities."""
-    from ..runs.report import plot, timeline_line, timeline_summary, timeline_windows
+    timeline window (train.monitor.timeline_steps), the time per step of its activities, and
+    with train.monitor.tensorboard where the event files are and the `tensorboard` command."""
+    from ..runs.report import plot, tensorboard_line, timeline_line, timeline_summary, timeline_windows
 
     job_id, entry = _find_run(run)
     if entry is None:
@@ -263,6 +264,9 @@ def report(run, out):
         click.echo(str(path))
     for window in timeline_windows(Path(entry["run_dir"])):
         click.echo(f"{window}\n  {timeline_line(timeline_summary(window))}")
+    board = tensorboard_line(Path(entry["run_dir"]))
+    if board:
+        click.echo(board)
 
 
 @main.command()

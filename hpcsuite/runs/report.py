@@ -11,7 +11,8 @@ utilisation.png with train.monitor: each rank's CPU (or GPU) use and memory over
 
 and, for each Horovod timeline window the run recorded (``train.monitor.timeline_steps``), the
 time per step its activities took (waiting for the other ranks in NEGOTIATE_*, the allreduce
-itself and what it is made of), summed over the tensors.
+itself and what it is made of), summed over the tensors; with ``train.monitor.tensorboard``, where
+the TensorBoard event files are and how to open them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ def load(run_dir: Path) -> Results:
 
 def timeline_windows(run_dir: Path) -> list[Path]:
     return RunDir(run_dir).timeline_windows()
+
+
+def tensorboard_line(run_dir: Path) -> str | None:
+    """Where the run's TensorBoard event files are and the command that opens them; None
+    when it wrote none."""
+    import shlex
+
+    run = RunDir(run_dir)
+    files = run.tensorboard_files()
+    if not files:
+        return None
+    attempts = "one attempt" if len(files) == 1 else f"{len(files)} attempts"
+    return (f"{run.tensorboard}\n  TensorBoard event files ({attempts}, rank 0's): "
+            f"tensorboard --logdir {shlex.quote(str(run.tensorboard.absolute()))}")
 
 
 def timeline_summary(path: Path) -> dict:

@@ -26,6 +26,8 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             horovod-timeline.json        Horovod's timeline of the whole run (train.horovod.timeline)
             horovod-timeline-steps-A-B.json  a timeline window (train.monitor.timeline_steps)
             horovod-autotune.csv         Horovod's autotuning log (train.horovod.autotune)
+            tensorboard/                 rank 0's TensorBoard event files, one per attempt, all
+                                         in one log directory (train.monitor.tensorboard)
             allreduce.json allreduce.csv the allreduce benchmark's report (hpcsuite bench)
             loss.png throughput.png ...  `hpcsuite report`
 
@@ -58,6 +60,10 @@ STOP_REQUESTED = "STOP-REQUESTED"
 FAILED = "FAILED"
 LOGS = "logs"
 LEDGER = "ledger"
+TENSORBOARD = "tensorboard"
+# TensorBoard finds event files by "tfevents" in the name; the time first, so that the files
+# of a requeued job's attempts sort in the order they were written.
+TENSORBOARD_EVENTS = "events.out.tfevents"
 HOROVOD_TIMELINE = "horovod-timeline.json"
 HOROVOD_AUTOTUNE_LOG = "horovod-autotune.csv"
 ALLREDUCE = "allreduce.json"
@@ -108,6 +114,10 @@ def rank_log_name(rank: int) -> str:
 
 def ledger_name(rank: int, attempt: int | str) -> str:
     return f"{LEDGER}/rank-{rank}-attempt-{attempt}.txt"
+
+
+def tensorboard_events_name(seconds: float, host: str, pid: int) -> str:
+    return f"{TENSORBOARD}/{TENSORBOARD_EVENTS}.{int(seconds):010d}.{host}.{pid}"
 
 
 def timeline_window_name(first: int, last: int) -> str:
@@ -269,6 +279,18 @@ class RunDir:
         """Every rank's ledger file, sorted by name, with the attempt it is of."""
         files = sorted(self.path.glob(ledger_name("*", "*")))
         return {p: int(p.stem.rsplit("-", 1)[1]) for p in files}
+
+    @property
+    def tensorboard(self) -> Path:
+        """The TensorBoard log directory (``tensorboard --logdir`` it)."""
+        return self.path / TENSORBOARD
+
+    def tensorboard_events(self, seconds: float, host: str, pid: int) -> Path:
+        return self.path / tensorboard_events_name(seconds, host, pid)
+
+    def tensorboard_files(self) -> list[Path]:
+        """The event files, oldest attempt first."""
+        return sorted(self.tensorboard.glob(f"{TENSORBOARD_EVENTS}.*"))
 
     def timeline_window(self, first: int, last: int) -> Path:
         return self.path / timeline_window_name(first, last)

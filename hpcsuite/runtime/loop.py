@@ -29,6 +29,7 @@ from .schedule import learning_rate
 from .session import Collectives, Progress, Session
 from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
+from .tensorboard import utilisation_values
 
 if TYPE_CHECKING:
     from ..runs.results import Results
@@ -102,6 +103,7 @@ class Trainer:
         self.timeline = None         # a Horovod timeline window (train.monitor.timeline_steps)
         self.sampler = None
         self.utilisation: list[dict] = []
+        self.charted_samples = 0     # rank 0's utilisation samples already in TensorBoard
         self._state_bytes: int | None = None
 
     # ---------------------------------------------------------------- resume
@@ -267,6 +269,11 @@ class Trainer:
             save = result.stop or result.save
             if s.progress_due():
                 self.write_progress(*self.poll_at, result.loss_sum / self.poll_at[2])
+            if s.chart_due():
+                step, _, real = self.poll_at
+                s.chart_training(step, loss=result.loss_sum / real,
+                                 learning_rate=m.lr[step - p.step - 1])
+                self.chart_utilisation()
         if stop is None and s.vote_due(p.step):
             self.settle_losses()
             # The vote carries this step's loss sum too: progress shows the global mean.
@@ -296,6 +303,30 @@ class Trainer:
                               loss=loss if loss == loss else None,   # NaN: none yet
                               lr=self.lr)
 
+    # ---------------------------------------------------------------- TensorBoard
+    def chart_utilisation(self) -> None:
+        """Rank 0's utilisation samples taken since the last call, as TensorBoard points."""
+        if self.sampler is None:
+            return
+        new = self.sampler.samples[self.charted_samples:]
+        self.charted_samples += len(new)
+        for sample in new:
+            self.s.chart_point(sample["step"], utilisation_values(0, sample))
+
+    def chart_report(self, p: Progress, loss: list[float], gathered: list[dict]) -> None:
+        """Rank 0's last points, stopped early or not: the last step's loss (the global mean
+        results.json records), every other rank's utilisation; then the event file is closed."""
+        s = self.s
+        if s.chart is None:
+            return
+        if loss and s.chart.last_step != p.step:
+            s.chart_training(p.step, loss=loss[-1], learning_rate=self.metrics.lr[-1])
+        self.chart_utilisation()
+        for rank, g in enumerate(gathered[1:] if self.sampler is not None else [], start=1):
+            for sample in g["utilisation"]:
+                s.chart_point(sample["step"], utilisation_values(rank, sample))
+        s.close_chart()
+
     # ---------------------------------------------------------------- validation
     def evaluate(self, held, p: Progress) -> dict:
         """Loss (and accuracy for classes) over the held-out data: each rank a disjoint share,
@@ -312,6 +343,8 @@ class Trainer:
                   "accuracy": float(totals[1] / totals[2]) if held.classes is not None else None,
                   "samples": int(totals[2])}
         self.metrics.evals.append(record)
+        self.s.chart_point(p.step, {"validation/loss": record["loss"],
+                                    "validation/accuracy": record["accuracy"]})
         if self.b.rank == 0:
             log.info("validation after epoch %d (step %d): loss %.4f%s", record["epoch"], p.step,
                      record["loss"], f", accuracy {100 * record['accuracy']:.2f}%"
@@ -333,6 +366,7 @@ class Trainer:
                 zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
         if loss:                                   # the last step, not one up to 2 s before it
             self.write_progress(p.step, p.cursor.epoch, m.real[-1], loss[-1])
+        self.chart_report(p, loss, gathered)
         sizes = self.b.gradient_sizes()
         results = s.results(
             gathered, s.status(), mode="managed", model=self.t.model, dataset_samples=n,

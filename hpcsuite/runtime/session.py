@@ -9,7 +9,8 @@ who calls the step, not in any of that, so both are thin adapters over a :class:
   0's time-limit watch, the reason, the step it was first asked for;
 - the ranks' vote (:mod:`.vote`): posted with :meth:`Session.post_vote`, read with
   :meth:`Session.read_vote`, so a fix to either reaches both modes;
-- :class:`Progress` (step, cursor), :class:`Metrics`, progress.json and results.json.
+- :class:`Progress` (step, cursor), :class:`Metrics`, progress.json and results.json;
+- rank 0's TensorBoard charts (:mod:`.tensorboard`, ``train.monitor.tensorboard``).
 
 The ranks talk through :class:`Collectives`, four calls: the Horovod backends implement it on
 their own tensors, script mode over the script's ``hvd`` module (:mod:`.collectives`), tests
@@ -37,6 +38,7 @@ from .job_io import attempt, hostname, job_id
 from .policy import PROGRESS_SECONDS, VOTE_SECONDS, Policy, steady_throughput
 from .sharding import Cursor
 from .signals import FLAG, StopFlag
+from .tensorboard import Chart
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,8 @@ class Session:
         self.vote_handle = None                # a vote posted and not yet read
         self.vote_tick = 0                     # the tick (a step, a call) it was posted at
         self.time_limit = None                 # rank 0 stops before Slurm's time limit
+        self.chart = Chart(self.run_dir, hostname()) \
+            if self.rank == 0 and self.t.monitor.tensorboard else None
         if self.rank == 0 and self.t.preemption.watches_time_limit(self.t.checkpoint.enabled):
             from .timelimit import TimeLimit
 
@@ -205,7 +209,28 @@ class Session:
                                          "bytes": saved.bytes, "reason": reason,
                                          "path": str(saved.path)})
         log.info("checkpoint %s (%s, %.3fs)", saved.path, reason, saved.seconds)
+        if self.chart is not None:       # the points up to a checkpoint outlive a crash
+            self.chart.flush()
         return str(saved.path)
+
+    # ---------------------------------------------------------------- TensorBoard
+    def chart_due(self) -> bool:
+        """Rank 0 charts, and a training point is due (see :data:`.tensorboard.CHART_SECONDS`)."""
+        return self.chart is not None and self.chart.due()
+
+    def chart_training(self, step: int, **values: float | None) -> None:
+        """Rank 0's training point at ``step``: ``values`` and the samples/s since the last."""
+        m = self.metrics
+        self.chart.training(step, self.progress.start_step, values, m.step_times, m.real)
+
+    def chart_point(self, step: int, values: dict) -> None:
+        """Any other point (validation, utilisation); nothing on a rank that does not chart."""
+        if self.chart is not None:
+            self.chart.add(step, self.progress.start_step, values)
+
+    def close_chart(self) -> None:
+        if self.chart is not None:
+            self.chart.close()
 
     # ---------------------------------------------------------------- progress
     def progress_due(self) -> bool:

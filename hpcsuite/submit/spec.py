@@ -159,6 +159,11 @@ class Monitor(Record):
         "horovod-timeline-steps-A-B.json; independent of enabled", min=0, max=1_000_000))
     timeline_start_step: int = field(default=10, metadata=_m(
         "the step the timeline window opens at (past the first steps' warm-up)", min=0))
+    tensorboard: bool = field(default=False, metadata=_m(
+        "rank 0 writes TensorBoard event files to the run directory's tensorboard/ (one per "
+        "attempt, steps are the job's optimizer steps): loss, learning rate, samples/s, "
+        "validation loss and accuracy, a script's run.log() values, and with enabled each "
+        "rank's utilisation; `tensorboard --logdir RUN_DIR/tensorboard`; independent of enabled"))
 
 
 @record

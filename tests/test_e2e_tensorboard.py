@@ -1,0 +1,163 @@
+"""End to end on the local Slurm cluster: train.monitor.tensorboard's event files, read back by
+TensorBoard's own reader (EventAccumulator). A 2-rank managed-loop job, PyTorch and TensorFlow
+(only rank 0 writes; the loss, learning rate and validation TensorBoard shows are results.json's
+numbers), and a script-mode job preempted and requeued (one log directory: the run continues)."""
+
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def read(log_dir) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return acc
+
+
+def points(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def f32(x: float) -> float:
+    return float(np.float32(x))      # TensorBoard's scalars are float32
+
+
+MANAGED = """name: tbm
+resources: {nodes: 2, time: "00:05:00"}
+train:
+  backend: BACKEND
+  model: mlp
+  data: {samples: 2048, shape: [32]}
+  batch_size: 32
+  epochs: 20
+  eval: {split: 0.1}
+  schedule: {decay: cosine}
+  monitor: {enabled: true, interval_seconds: 0.2, tensorboard: true}
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_a_managed_job_charts_what_results_json_records(local_cluster, tmp_path, backend):
+    cluster, env = local_cluster
+    (tmp_path / "tbm.yaml").write_text(MANAGED.replace("BACKEND", backend))
+    out = run_cli("submit", "tbm.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    payload = json.loads(out.stdout)
+    r = payload["results"]
+    run_dir = tmp_path / payload["run_dir"]
+    files = sorted((run_dir / "tensorboard").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("events.out.tfevents."), files
+    assert f".{r['hosts'][0]}." in files[0].name          # rank 0's, no other rank's
+
+    acc = read(run_dir / "tensorboard")
+    tags = set(acc.Tags()["scalars"])
+    assert {"loss", "learning_rate", "throughput/samples_per_s", "validation/loss",
+            "validation/accuracy", "utilisation/rank0/cpu_percent",
+            "utilisation/rank1/cpu_percent", "utilisation/rank1/memory_mib"} <= tags, tags
+
+    final = r["final_step"]
+    loss = points(acc, "loss")
+    steps = [s for s, _ in loss]
+    assert steps == sorted(set(steps)) and steps[0] >= 1 and steps[-1] == final
+    assert len(steps) >= 3                        # live points, not only the last
+    # Every point is the global mean over both ranks that results.json has for its step.
+    assert loss == [(s, f32(r["loss"][s - 1])) for s in steps]
+    assert points(acc, "learning_rate") == [(s, f32(r["lr"][s - 1])) for s in steps]
+    assert all(v > 0 for _, v in points(acc, "throughput/samples_per_s"))
+    assert points(acc, "validation/loss") == [(e["step"], f32(e["loss"])) for e in r["eval"]]
+    assert points(acc, "validation/accuracy") == [(e["step"], f32(e["accuracy"])) for e in r["eval"]]
+    cpu1 = points(acc, "utilisation/rank1/cpu_percent")
+    assert len(cpu1) == len(r["utilisation"][1]) and cpu1[-1][0] == final
+
+    report = run_cli("report", "tbm", cwd=tmp_path, env=env, check=True).stdout
+    assert f"tensorboard --logdir {(run_dir / 'tensorboard').absolute()}" in report, report
+
+
+# 1 rank, no framework, 20 ms a step, so the signal lands mid-run (as tests/test_whole_run.py).
+STEPS = """import time
+import numpy as np
+from hpcsuite import api
+
+run = api.Run()
+restored = run.restore()
+w = restored.state["model"]["w"] if restored else np.zeros(1)
+for batch in run.batches(64):
+    time.sleep(0.02)
+    w = w + 1
+    run.log(loss=10.0 / run.step, seen=float(w[0]))
+    if run.should_stop():
+        run.save({"model": {"w": w}})
+        break
+    if run.checkpoint_due():
+        run.save({"model": {"w": w}})
+run.finish(params={"w": w})
+"""
+
+SCRIPT = """name: tbs
+resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
+train:
+  script: steps.py
+  batch_size: 8
+  epochs: 30
+  checkpoint: {every_steps: 100000}
+  preemption: {signal: USR1, requeue: true}
+  monitor: {tensorboard: true}
+"""
+
+
+def follow(env, cluster, job_id, cwd, timeout=400) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
+        if state["state"] == "PENDING" and state.get("reason") == "BeginTime" \
+                and set(cluster.node_states().values()) == {"idle"}:
+            time.sleep(1)     # Slurm holds a requeued job ~2 min otherwise
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
+                           capture_output=True)
+        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return state
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
+
+
+def test_a_requeued_script_job_continues_in_one_log_directory(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    (tmp_path / "steps.py").write_text(STEPS)
+    (tmp_path / "tbs.yaml").write_text(SCRIPT)
+    job_id = run_cli("submit", "tbs.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
+    run_dir = tmp_path / "runs" / "tbs" / job_id
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:       # past a few steps (progress.json, every ~2 s)
+        progress = run_dir / "progress.json"
+        if progress.is_file() and json.loads(progress.read_text()).get("step", 0) >= 5:
+            break
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    state = follow(env, cluster, job_id, tmp_path)
+    assert state["state"] == "COMPLETED", (tmp_path / "runs" / "tbs" / f"slurm-{job_id}.out").read_text()[-3000:]
+
+    r = json.loads((run_dir / "results.json").read_text())
+    total, cut = 30 * 8, r["start_step"]              # cut: where attempt 0 saved and stopped
+    assert (r["attempt"], r["final_step"]) == (1, total) and 5 <= cut < total
+    assert len(list((run_dir / "tensorboard").iterdir())) == 2      # one file per attempt
+
+    acc = read(run_dir / "tensorboard")
+    loss = points(acc, "loss")
+    steps = [s for s, _ in loss]
+    assert steps == sorted(set(steps)), steps         # one run, going on: no step twice
+    assert steps[0] == 1 and steps[-1] == total
+    assert any(s <= cut for s in steps) and any(s > cut for s in steps)
+    assert loss == [(s, f32(10.0 / s)) for s in steps]
+    assert points(acc, "seen") == [(s, float(s)) for s in steps]   # the restored state went on
+    assert loss[-1] == (r["final_step"], f32(r["loss"][-1]))
+    report = run_cli("report", job_id, "--out", str(tmp_path / "plots"), cwd=tmp_path, env=env,
+                     check=True).stdout
+    assert "TensorBoard event files (2 attempts, rank 0's)" in report, report
