@@ -34,6 +34,7 @@ class Budget:
         self.start = time.monotonic()
         self.stopped_by: str | None = None     # "--budget 300 s" or "SIGTERM"
         self.signum: int | None = None
+        self.stopped_at = 0.0       # seconds into the run
         self.settled = False        # the rounds are over: signals no longer interrupt cleanup
 
     def elapsed(self) -> float:
@@ -46,8 +47,11 @@ class Budget:
         """Whether to start no more work: a stop signal came, or the budget cannot fit
         ``expect`` more seconds."""
         if self.stopped_by is None and self.elapsed() + expect > self.seconds:
-            self.stopped_by = f"--budget {self.seconds:g} s"
+            self._stop(f"--budget {self.seconds:g} s")
         return self.stopped_by is not None
+
+    def _stop(self, reason: str) -> None:
+        self.stopped_by, self.stopped_at = reason, self.elapsed()
 
     def each(self, items, *, predict: bool = True, agree=None):
         """The items, one by one, while the budget allows another. ``predict``: stop when the
@@ -58,7 +62,7 @@ class Budget:
             for item in items:
                 stop = self.expired(longest if predict else 0.0)
                 if agree is not None and agree(stop) and not stop:
-                    self.stopped_by = "a stop on another rank"
+                    self._stop("a stop on another rank")
                     stop = True
                 if stop:
                     return
@@ -77,13 +81,13 @@ class Budget:
             if self.stopped_by is not None or self.settled:
                 return                          # already stopping: let the cleanup run
             self.signum = signum
-            self.stopped_by = signal.Signals(signum).name
+            self._stop(signal.Signals(signum).name)
             if hard:
                 raise Interrupted(self.stopped_by)
 
         def on_alarm(signum, frame):
             if self.stopped_by is None and not self.settled:
-                self.stopped_by = f"--budget {self.seconds:g} s"
+                self._stop(f"--budget {self.seconds:g} s")
                 raise Interrupted(self.stopped_by)
 
         before = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
@@ -105,7 +109,7 @@ class Budget:
         done, say that nothing was measured and exit non-zero."""
         if self.stopped_by is None or done >= total:
             return
-        line = f"cut short by {self.stopped_by} after {done} of {total} {unit} ({self.elapsed():.0f} s)"
+        line = f"cut short by {self.stopped_by} after {done} of {total} {unit} ({self.stopped_at:.0f} s)"
         if not done:
             print(f"{line}: nothing measured", file=file or sys.stdout, flush=True)
             raise SystemExit(self.exit_code(1))
