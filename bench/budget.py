@@ -104,12 +104,13 @@ class Budget:
             for s, handler in before.items():
                 signal.signal(s, handler)
 
-    def report(self, done: int, total: int, unit: str, file=None) -> None:
-        """Mark a run that did ``done`` of ``total`` units as cut short (one line); with none
-        done, say that nothing was measured and exit non-zero."""
-        if self.stopped_by is None or done >= total:
+    def report(self, done: int, total: int | None, unit: str, file=None) -> None:
+        """Mark a run that did ``done`` of ``total`` (None: not known yet) units as cut short,
+        in one line; with none done, say that nothing was measured and exit non-zero."""
+        if self.stopped_by is None or (total is not None and done >= total):
             return
-        line = f"cut short by {self.stopped_by} after {done} of {total} {unit} ({self.stopped_at:.0f} s)"
+        of = f"{done} of {total}" if total is not None else f"{done}"
+        line = f"cut short by {self.stopped_by} after {of} {unit} ({self.stopped_at:.0f} s)"
         if not done:
             print(f"{line}: nothing measured", file=file or sys.stdout, flush=True)
             raise SystemExit(self.exit_code(1))
