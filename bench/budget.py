@@ -169,13 +169,23 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def cancel_jobs_under(env: dict, directory) -> None:
+def cancel_jobs_under(env: dict, directory, wait: float = 60) -> None:
     """scancel the Slurm jobs submitted from ``directory`` or below it (their WorkDir): the
-    jobs of a run that was cut short, which would otherwise keep the cluster busy."""
+    jobs of a run that was cut short, which would otherwise keep the cluster busy. Waits up to
+    ``wait`` seconds for them to end, so that they write nothing into a directory the caller
+    removes next (a rank saves a checkpoint on scancel's SIGTERM)."""
     out = subprocess.run(["squeue", "-h", "-o", "%i %Z"], env=env, capture_output=True,
                          text=True, timeout=60).stdout
     root = os.path.realpath(directory)
     ids = [job for job, _, workdir in (line.partition(" ") for line in out.splitlines())
            if os.path.realpath(workdir) == root or os.path.realpath(workdir).startswith(root + os.sep)]
-    if ids:
-        subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=60)
+    if not ids:
+        return
+    subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=60)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        left = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        if left.returncode != 0 or not left.stdout.strip():
+            return
+        time.sleep(0.5)
