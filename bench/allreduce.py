@@ -2,12 +2,15 @@
 `hpcsuite bench allreduce`: bus bandwidth of both per size, and their ratio.
 
     .venv/bin/python bench/allreduce.py [-r 3] [--sizes 4,1K,...] [--private [--port 17217]]
+        [--budget SECONDS]
 
 Uses the running local cluster (`hpcsuite cluster up`, or SLURM_CONF) if there is one, else
 starts a private one in a temporary directory on --port and stops it afterwards. Each of the R
 rounds is one job (both libraries on the same allocation: MPI, Horovod, MPI); per size the table shows
 the median over rounds of each library's time as busbw = S/t * 2(N-1)/N, their ratio, and the
 range of the ratio over the rounds. The summary line is what docs/BENCHMARKS.md records.
+--budget bounds the whole run (cluster start included); --size-budget is the measuring time
+per size and library inside each job (`hpcsuite bench allreduce --budget`).
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from budget import Budget, cancel_jobs_under, run_group
 from hpcsuite.alphabeta import FitError, bus_bandwidth, fit
 from hpcsuite.allreduce import format_size
 
@@ -55,7 +58,7 @@ def one_round(env: dict, work: Path, sizes: str | None, budget: float) -> dict:
             "--budget", f"{budget:g}", "--output-dir", str(work / "runs")]
     if sizes:
         argv += ["--sizes", sizes]
-    out = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    out = run_group(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"hpcsuite bench allreduce failed (exit {out.returncode}):\n"
                          f"{out.stdout}{out.stderr}")
@@ -78,25 +81,34 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-r", "--rounds", type=int, default=3, help="jobs to run (default 3)")
     ap.add_argument("--sizes", default=None, help="as `hpcsuite bench allreduce --sizes`")
-    ap.add_argument("--budget", type=float, default=0.4, help="seconds per size and library")
+    ap.add_argument("--size-budget", type=float, default=0.4,
+                    help="seconds per size and library in each job (default 0.4)")
+    Budget.add_argument(ap, 900, "rounds")
     ap.add_argument("--private", action="store_true",
                     help="start a private cluster even when one is running")
     ap.add_argument("--port", type=int, default=17217, help="port of a private cluster")
     ap.add_argument("--json", action="store_true", help="print the rounds' reports as JSON")
     a = ap.parse_args()
+    budget = Budget.from_args(a)
     load = os.getloadavg()[0]
-    with cluster_env(a.port, a.private) as env, tempfile.TemporaryDirectory() as tmp:
-        reports = []
-        for i in range(a.rounds):
-            t0 = time.monotonic()
-            reports.append(one_round(env, Path(tmp), a.sizes, a.budget))
-            print(f"round {i + 1}/{a.rounds}: {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    reports = []
+    with budget.watch(), cluster_env(a.port, a.private) as env, \
+            tempfile.TemporaryDirectory() as tmp:
+        try:
+            for i in budget.each(range(a.rounds)):
+                t0 = time.monotonic()
+                reports.append(one_round(env, Path(tmp), a.sizes, a.size_budget))
+                print(f"round {i + 1}/{a.rounds}: {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        finally:
+            if budget.stopped_by:
+                cancel_jobs_under(env, tmp)
+    budget.report(len(reports), a.rounds, "rounds", file=sys.stderr if a.json else sys.stdout)
     if a.json:
         print(json.dumps(reports, indent=2))
-        return
+        sys.exit(budget.exit_code())
     n = reports[0]["world_size"]
     sizes = reports[0]["sizes"]
-    print(f"{n} ranks on {', '.join(reports[0]['hosts'])}; {a.rounds} rounds; "
+    print(f"{n} ranks on {', '.join(reports[0]['hosts'])}; {len(reports)} rounds; "
           f"load average before: {load:.2f}; {reports[0]['versions']['mpi']}")
     print(f"{'size':>8}  {'Horovod t':>10}  {'Horovod busbw':>13}  {'MPI t':>10}  "
           f"{'MPI busbw':>11}  {'Horovod/MPI':>11}  round range")
@@ -124,6 +136,7 @@ def main() -> None:
             print(f"fit {label}: {fit(sizes, medians[lib], n).describe()}")
         except FitError as e:
             print(f"fit {label}: none ({e})")
+    sys.exit(budget.exit_code())
 
 
 if __name__ == "__main__":

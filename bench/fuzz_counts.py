@@ -6,15 +6,18 @@ proved safe: the header sbatch reads holds exactly the job's options, bash runs 
 without side effects), refused (exit 2 naming file and key), and how many failed: tracebacks,
 hangs, other exit codes, refusals that name no file or key, unsafe scripts.
 
-    .venv/bin/python bench/fuzz_counts.py [-n 1000] [--seed S]
+    .venv/bin/python bench/fuzz_counts.py [-n 1000] [--seed S] [--budget SECONDS]
 
 Unlike tests/test_fuzz.py (derandomised, the same cases each CI run) the cases here are new
-every run unless --seed is given.
+every run unless --seed is given. When --budget runs out or a stop signal comes, the case in
+flight finishes (a case has its own hang deadline), no more are run, and the counts so far are
+printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -26,10 +29,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 
+from budget import Budget, Interrupted  # noqa: E402
 from fuzzing import KINDS, Counts  # noqa: E402
 
 
-def count(kind: str, n: int, rng_seed: int) -> tuple[Counts, float]:
+def count(kind: str, n: int, rng_seed: int, budget: Budget) -> tuple[Counts, float]:
     strategy, run = KINDS[kind]
     counts = Counts()
     work = Path(tempfile.mkdtemp(prefix="hpcsuite-fuzz-"))
@@ -38,11 +42,14 @@ def count(kind: str, n: int, rng_seed: int) -> tuple[Counts, float]:
     @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def one(case):
+        if budget.expired():
+            raise Interrupted()     # a BaseException: Hypothesis stops at once, no shrinking
         outcome, detail = run(case, work)
         counts.add(outcome, f"{detail}\ncase: {case!r}")
 
     t0 = time.monotonic()
-    one()
+    with contextlib.suppress(Interrupted):
+        one()
     return counts, time.monotonic() - t0
 
 
@@ -50,19 +57,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=1000, help="cases per kind")
     ap.add_argument("--seed", type=int, default=None)
+    Budget.add_argument(ap, 900, "cases")
     args = ap.parse_args()
+    budget = Budget.from_args(args)
     rng_seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"seed {rng_seed}, {args.n} cases per kind")
     print(f"{'kind':22} {'cases':>6} {'accepted':>9} {'refused':>8} {'failures':>9} {'seconds':>8}")
     failed = False
-    for kind in KINDS:
-        counts, seconds = count(kind, args.n, rng_seed)
-        print(f"{kind:22} {counts.cases:6} {counts.accepted:9} {counts.refused:8} "
-              f"{len(counts.failures):9} {seconds:8.1f}")
-        for outcome, detail in counts.failures[:3]:
-            failed = True
-            print(f"  {outcome}: {detail[:600]}")
-    sys.exit(1 if failed else 0)
+    done = 0
+    # SIGALRM is the cases' own hang deadline (tests/fuzzing.py): the budget is checked per case.
+    with budget.watch(hard=False):
+        for kind in budget.each(KINDS, predict=False):
+            counts, seconds = count(kind, args.n, rng_seed, budget)
+            done += counts.cases
+            print(f"{kind:22} {counts.cases:6} {counts.accepted:9} {counts.refused:8} "
+                  f"{len(counts.failures):9} {seconds:8.1f}", flush=True)
+            for outcome, detail in counts.failures[:3]:
+                failed = True
+                print(f"  {outcome}: {detail[:600]}")
+    budget.report(done, args.n * len(KINDS), "cases")
+    sys.exit(budget.exit_code(1 if failed else 0))
 
 
 if __name__ == "__main__":

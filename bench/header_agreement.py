@@ -6,7 +6,7 @@ submits each with `sbatch --hold` to the local cluster, reads back job name, com
 partition with squeue, cancels the job, and compares with hpcsuite.submit.sbatch_header.
 
     .venv/bin/hpcsuite cluster up
-    .venv/bin/python bench/header_agreement.py [-n 1000] [--seed S]
+    .venv/bin/python bench/header_agreement.py [-n 1000] [--seed S] [--budget SECONDS]
 
 A heterogeneous-job separator is refused by hpcsuite (it submits one job) and not compared.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from budget import Budget, cancel_jobs_under  # noqa: E402
 from hpcsuite.submit.sbatch_header import HeaderError, parse_header  # noqa: E402
 from hpcsuite.slurm import slurm_env  # noqa: E402
 
@@ -60,30 +61,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=None)
+    Budget.add_argument(ap, 900, "cases")
     args = ap.parse_args()
+    budget = Budget.from_args(args)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     env = slurm_env()
     work = Path(tempfile.mkdtemp(prefix="hpcsuite-header-"))
     agree = disagree = skipped = 0
-    for _ in range(args.n):
-        line = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 8)))
-        script = f"#!/bin/bash\n#SBATCH --job-name=base --comment=base\n#SBATCH {line}\ntrue\n"
-        want = predicted(script)
-        if want == "hetjob":
-            skipped += 1
-            continue
-        got = actual(script, work, env)
-        if want == got:
-            agree += 1
-        else:
-            disagree += 1
-            print(f"DISAGREE {line!r}: reader {want}, sbatch {got}")
+    with budget.watch():
+        try:
+            for _ in budget.each(range(args.n)):
+                line = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 8)))
+                script = f"#!/bin/bash\n#SBATCH --job-name=base --comment=base\n#SBATCH {line}\ntrue\n"
+                want = predicted(script)
+                if want == "hetjob":
+                    skipped += 1
+                    continue
+                got = actual(script, work, env)
+                if want == got:
+                    agree += 1
+                else:
+                    disagree += 1
+                    print(f"DISAGREE {line!r}: reader {want}, sbatch {got}")
+        finally:
+            if budget.stopped_by:       # a held probe job may not have been cancelled yet
+                cancel_jobs_under(env, work)
+    budget.report(agree + disagree + skipped, args.n, "cases")
     sbatch = subprocess.run(["sbatch", "--version"], capture_output=True, text=True,
                             env=env).stdout.strip()
     print(f"seed {seed}, {sbatch}: {agree} agree, {disagree} disagree, "
           f"{skipped} heterogeneous-job lines not compared")
-    sys.exit(1 if disagree else 0)
+    sys.exit(budget.exit_code(1 if disagree else 0))
 
 
 if __name__ == "__main__":

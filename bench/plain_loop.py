@@ -6,7 +6,9 @@ model from models/, SGD with momentum, DistributedOptimizer / DistributedGradien
 new batch by sample ids (sorted, as hpcsuite's sharding layer hands them out) from random
 arrays in memory of the size hpcsuite trains on, inside the timed step.
 
-Run under mpirun by bench/train_overhead.py; prints one JSON line on rank 0.
+Run under mpirun by bench/train_overhead.py and bench/weak_scaling.py; prints one JSON line on
+rank 0. A helper, not a benchmark: it takes no --budget; its parent stops it when the parent's
+budget ends (train_overhead stops mpirun's process group, weak_scaling cancels the job).
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ every epoch was trained exactly once across all attempts (the committed ledger,
 hpcsuite.runs.ledger), the final parameters are identical on all ranks, and the attempt records
 show the P preemptions and one completion.
 
-    .venv/bin/python bench/preemption_trials.py [-n 10] [-p 3] [--backend torch]
+    .venv/bin/python bench/preemption_trials.py [-n 10] [-p 3] [--backend torch] [--budget SECONDS]
 
 Uses the running local cluster (`hpcsuite cluster up`, SLURM_CONF), or starts a private one
-with --private. Prints one line per trial and "k of N clean".
+with --private. Prints one line per trial and "k of N clean" (of the trials completed, when
+--budget or a stop signal cut the run short; the trial in flight is cancelled).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))      # tests/test_e2e_reliability.py loads this file too
+
+from budget import Budget, cancel_jobs_under  # noqa: E402
+
 MOMENTS = ("random", "during-save", "startup", "after-resume")
 SPEC = """name: trial
 resources: {{nodes: 2, tasks_per_node: 1, time: "00:20:00"}}
@@ -229,23 +234,31 @@ def main(argv=None) -> int:
     ap.add_argument("--private", action="store_true", help="start a private cluster")
     ap.add_argument("--port", type=int, default=17117)
     ap.add_argument("--keep", action="store_true", help="keep the trials' directories")
+    Budget.add_argument(ap, 1080, "trials")
     args = ap.parse_args(argv)
+    budget = Budget.from_args(args)
     base = Path(tempfile.mkdtemp(prefix="hpcsuite-trials-"))
-    clean = 0
-    with cluster_env(args.port, args.private) as (env, cluster):
-        for i in range(args.trials):
-            r = trial(env, cluster, base / f"t{i}", args.preemptions, args.seed + i, args.backend)
-            clean += r["clean"]
-            print(f"trial {i + 1}: job {r.get('job_id')}, {'clean' if r['clean'] else 'NOT CLEAN'}"
-                  f" in {r.get('seconds', 0):.0f}s; preempted: {', '.join(r['moments'])}"
-                  + (f"; {'; '.join(r['problems'])}" if r["problems"] else ""), flush=True)
-    print(f"{clean} of {args.trials} clean ({args.preemptions} preemptions each, "
-          f"backend {args.backend})")
+    clean = done = 0
+    with budget.watch(), cluster_env(args.port, args.private) as (env, cluster):
+        try:
+            for i in budget.each(range(args.trials)):
+                r = trial(env, cluster, base / f"t{i}", args.preemptions, args.seed + i, args.backend)
+                clean += r["clean"]
+                done += 1
+                print(f"trial {i + 1}: job {r.get('job_id')}, {'clean' if r['clean'] else 'NOT CLEAN'}"
+                      f" in {r.get('seconds', 0):.0f}s; preempted: {', '.join(r['moments'])}"
+                      + (f"; {'; '.join(r['problems'])}" if r["problems"] else ""), flush=True)
+        finally:
+            if budget.stopped_by:
+                cancel_jobs_under(env, base)
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
-    else:
+    budget.report(done, args.trials, "trials")
+    print(f"{clean} of {done} clean ({args.preemptions} preemptions each, "
+          f"backend {args.backend})")
+    if args.keep:
         print(f"trial directories: {base}")
-    return 0 if clean == args.trials else 1
+    return budget.exit_code(0 if clean == done else 1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Login-node latency: `hpcsuite render` against the floor of importing click + jinja2 + yaml.
 
 Runs each command N times in fresh interpreters, alternating, and prints medians and the ratio.
-    .venv/bin/python bench/render_latency.py [-n 30]
+    .venv/bin/python bench/render_latency.py [-n 30] [--budget SECONDS]
 
 hpcsuite is byte-compiled first, as a wheel install (and scripts/setup.sh) does: under
 PYTHONDONTWRITEBYTECODE=1 an editable install would otherwise recompile every module on every
@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from budget import Budget, run_group
+
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "sbatch" / "quickstart.yaml"
 PROFILE = ROOT / "sbatch" / "profile.yaml"
@@ -31,22 +33,28 @@ CASES = {
 
 def timed(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    run_group(argv, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
     return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-n", type=int, default=30)
+    Budget.add_argument(ap, 300, "rounds")
     args = ap.parse_args()
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcsuite")], check=True,
-                   stdout=subprocess.DEVNULL)
+    budget = Budget.from_args(args)
     samples = {name: [] for name in CASES}
-    for name, argv in CASES.items():
-        timed(argv)  # warm the page cache
-    for _ in range(args.n):
+    with budget.watch():
+        run_group([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcsuite")], check=True,
+                  stdout=subprocess.DEVNULL)
         for name, argv in CASES.items():
-            samples[name].append(timed(argv))
+            timed(argv)  # warm the page cache
+        for _ in budget.each(range(args.n)):
+            times = {name: timed(argv) for name, argv in CASES.items()}
+            for name, t in times.items():      # a round counts once every case ran
+                samples[name].append(t)
+    rounds = len(samples[next(iter(CASES))])
+    budget.report(rounds, args.n, "rounds")
     floor = statistics.median(samples[next(iter(CASES))])
     print(f"{'command':45} {'median ms':>10} {'p90 ms':>8} {'x floor':>8}")
     for name, xs in samples.items():
@@ -60,6 +68,7 @@ def main() -> None:
         ratios = sorted(a / f for a, f in zip(samples[name], samples[names[0]]))
         print(f"{name:45} per-round ratio: median {statistics.median(ratios):.2f}, "
               f"p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[(9 * len(ratios)) // 10]:.2f}")
+    sys.exit(budget.exit_code())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ over rounds) and the ratio plain/managed per round, median [quartiles] (> 1: hpc
     sbatch -N 2 --ntasks-per-node 1 -o /tmp/overhead-%j.out --wrap "export OMP_NUM_THREADS=1 \
       OMPI_MCA_mpi_yield_when_idle=1; mpirun -np 2 -npernode 1 --bind-to none \
       -x OMP_NUM_THREADS -x OMPI_MCA_mpi_yield_when_idle .venv/bin/python bench/step_overhead.py"
+
+--budget bounds the run: the ranks agree at each round boundary (a Horovod vote) whether to
+start another, so a stop signal (mpirun passes SIGTERM and SIGINT on to the ranks) or the end of
+the budget on any rank stops them all after the round in flight; rank 0 prints the completed
+rounds.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from budget import Budget  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,7 +47,9 @@ def main() -> None:
     ap.add_argument("--shape", type=int, default=784)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--steps", type=int, default=128, help="steps per round (the first 10 not counted)")
+    Budget.add_argument(ap, 600, "rounds")
     a = ap.parse_args()
+    budget = Budget.from_args(a)
 
     import numpy as np
     import torch
@@ -96,18 +105,24 @@ def main() -> None:
     kinds = {"managed": managed, "plain": plain}
     means: dict[str, list[float]] = {k: [] for k in kinds}
     ratios = []
-    for r in range(a.rounds):
-        got = {}
-        for kind in (("managed", "plain") if r % 2 else ("plain", "managed")):
-            got[kind] = statistics.mean(kinds[kind](a.steps)[10:])
-            means[kind].append(got[kind])
-        ratios.append(got["plain"] / got["managed"])
+    # Every rank must run the same rounds (each step is an allreduce): the stop is voted.
+    agree = lambda stop: bool(backend.vote_result(backend.vote_start([int(stop)]))[0])  # noqa: E731
+    with budget.watch(hard=False):
+        for r in budget.each(range(a.rounds), agree=agree):
+            got = {}
+            for kind in (("managed", "plain") if r % 2 else ("plain", "managed")):
+                got[kind] = statistics.mean(kinds[kind](a.steps)[10:])
+            for kind, mean in got.items():
+                means[kind].append(mean)
+            ratios.append(got["plain"] / got["managed"])
     if backend.rank == 0:
-        q = statistics.quantiles(ratios, n=4)
-        print(f"ranks {backend.size}, batch {a.batch} per rank, {a.rounds} rounds of {a.steps} steps: "
+        budget.report(len(ratios), a.rounds, "rounds")
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        print(f"ranks {backend.size}, batch {a.batch} per rank, {len(ratios)} rounds of {a.steps} steps: "
               f"mean step managed {statistics.median(means['managed']) * 1e3:.3f} ms, "
               f"plain {statistics.median(means['plain']) * 1e3:.3f} ms; plain/managed per round "
               f"{statistics.median(ratios):.3f} [{q[0]:.3f}-{q[2]:.3f}]", flush=True)
+    sys.exit(budget.exit_code())
 
 
 if __name__ == "__main__":

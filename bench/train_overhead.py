@@ -6,6 +6,7 @@ the number compared is steady-state samples/s (the first tenth of steps, at most
 out on both sides). hpcsuite reads a synthetic dataset through the sharding layer (a gather
 per batch) while the plain loop reuses one fixed batch, as Horovod's synthetic benchmarks do.
     .venv/bin/python bench/train_overhead.py [--backend torch] [--model mlp] [-r 3] [--user]
+        [--budget SECONDS]
 
 --user: the model is a user's builder (bench/user_code/model.py, loaded by FILE.py:function
 on both sides: --model mlp or cnn) and hpcsuite reads a user's python-factory dataset
@@ -20,6 +21,9 @@ plain loop pays for reading data, which hpcsuite pays too.
 small step is made of (the framework's call into a step, converting and gathering a batch),
 with the --backend, --shape and --batch given: what separates a managed step from a plain
 one before Horovod's cycle (HOROVOD_CYCLE_TIME, 1 ms here) rounds both up.
+
+--budget bounds the whole run: no repeat (or host piece) is started that would not fit, and a
+stop signal or the budget's end stops the mpirun in flight; the completed repeats are printed.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from budget import Budget, run_group
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIRUN = ["mpirun", "-np", "2", "--bind-to", "none", "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
@@ -69,9 +74,9 @@ def hpcsuite_run(a, work: Path) -> tuple[float, float]:
            "batch_size": a.batch, "epochs": 1, "lr": 0.01}}
     run = Path(tempfile.mkdtemp(dir=work))
     (run / "job.json").write_text(json.dumps(job))
-    subprocess.run([*MPIRUN, *a.mca, "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
-                    "--job", str(run / "job.json")], check=True, capture_output=True,
-                   env=dict(env(), HPCSUITE_RUN_DIR=str(run)), cwd=run)
+    run_group([*MPIRUN, *a.mca, "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
+               "--job", str(run / "job.json")], check=True, capture_output=True,
+              env=dict(env(), HPCSUITE_RUN_DIR=str(run)), cwd=run)
     r = json.loads((run / "results.json").read_text())
     return r["samples_per_s_steady"], r["step_time_s"]["median"]
 
@@ -79,10 +84,10 @@ def hpcsuite_run(a, work: Path) -> tuple[float, float]:
 def plain_run(a) -> tuple[float, float]:
     ref = ["--model-ref", user_model(a)] if a.user else []
     ref += ["--fresh-data"] if a.fresh_data else []
-    out = subprocess.run([*MPIRUN, *a.mca, sys.executable, str(ROOT / "bench" / "plain_loop.py"),
-                          "--backend", a.backend, "--model", a.model, "--shape", *map(str, a.shape),
-                          "--batch", str(a.batch), "--steps", str(a.steps), *ref],
-                         check=True, capture_output=True, text=True, env=env())
+    out = run_group([*MPIRUN, *a.mca, sys.executable, str(ROOT / "bench" / "plain_loop.py"),
+                     "--backend", a.backend, "--model", a.model, "--shape", *map(str, a.shape),
+                     "--batch", str(a.batch), "--steps", str(a.steps), *ref],
+                    check=True, capture_output=True, text=True, env=env())
     r = json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1])
     return r["samples_per_s_steady"], r["step_median_s"]
 
@@ -107,7 +112,8 @@ def timed(fn, calls: int = 2000, repeats: int = 7) -> float:
     return statistics.median(per_call)
 
 
-def host_costs(a) -> None:
+def host_pieces(a) -> dict:
+    """The host-side pieces of a step, by name: functions to time per call."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from models import build
     from plain_loop import fresh_batches
@@ -117,7 +123,7 @@ def host_costs(a) -> None:
                                             shape=a.shape, classes=10), 0)
     order = iter(range(1 << 62))
     gather = lambda: read(next(order) % a.steps)  # noqa: E731
-    costs = {"gather a batch by sample id (numpy)": timed(gather)}
+    pieces = {"gather a batch by sample id (numpy)": gather}
     if a.backend == "torch":
         import torch
 
@@ -136,8 +142,8 @@ def host_costs(a) -> None:
             bx, by = gather()
             step(torch.from_numpy(bx), torch.from_numpy(by))
 
-        costs["step on one fixed batch (no Horovod)"] = timed(lambda: step(x, y))
-        costs["step on a fresh batch, gather included"] = timed(fresh)
+        pieces["step on one fixed batch (no Horovod)"] = lambda: step(x, y)
+        pieces["step on a fresh batch, gather included"] = fresh
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
@@ -168,12 +174,22 @@ def host_costs(a) -> None:
         concrete = step.get_concrete_function(*specs)
         direct = graph_caller(concrete)
         bx, by = gather()
-        costs["step, tf.function called with no arguments (plain loop)"] = timed(fixed)
-        costs["step, tf.function called with x, y, w, scale"] = timed(lambda: step(x, y, w, scale))
-        costs["step, its ConcreteFunction called"] = timed(lambda: concrete(x, y, w, scale))
-        costs["step, hpcsuite's graph_caller"] = timed(lambda: direct(x, y, w, scale))
-        costs["tf.constant of the batch's inputs"] = timed(lambda: tf.constant(bx))
-        costs["tf.constant of the batch's labels"] = timed(lambda: tf.constant(by))
+        pieces["step, tf.function called with no arguments (plain loop)"] = fixed
+        pieces["step, tf.function called with x, y, w, scale"] = lambda: step(x, y, w, scale)
+        pieces["step, its ConcreteFunction called"] = lambda: concrete(x, y, w, scale)
+        pieces["step, hpcsuite's graph_caller"] = lambda: direct(x, y, w, scale)
+        pieces["tf.constant of the batch's inputs"] = lambda: tf.constant(bx)
+        pieces["tf.constant of the batch's labels"] = lambda: tf.constant(by)
+    return pieces
+
+
+def host_costs(a, budget: Budget) -> None:
+    pieces, costs = {}, {}
+    with budget.watch():
+        pieces = host_pieces(a)
+        for what, fn in budget.each(pieces.items()):
+            costs[what] = timed(fn)
+    budget.report(len(costs), len(pieces) or None, "pieces")
     print(f"{a.backend} {a.model} shape {a.shape}, batch {a.batch}, one process, one thread "
           "(median of 7 x 2000 calls, us per call)")
     for what, us in costs.items():
@@ -196,28 +212,33 @@ def main() -> None:
                     help="time the host-side pieces of a step in one process (no MPI)")
     ap.add_argument("--yield", dest="yield_", action="store_true",
                     help="both sides under `--mca mpi_yield_when_idle 1` (see YIELD)")
+    Budget.add_argument(ap, 900, "repeats (with --host-costs: pieces)")
     a = ap.parse_args()
     a.mca = YIELD if a.yield_ else []
     if a.model == "cnn" and not a.user:
         ap.error("--model cnn is the user's CNN: use it with --user")
     a.shape = a.shape or ([3, 32, 32] if a.model in ("resnet", "cnn") else [32])
+    budget = Budget.from_args(a)
     if a.host_costs:
-        host_costs(a)
-        return
+        host_costs(a, budget)
+        sys.exit(budget.exit_code())
     plain, ours = [], []
-    with tempfile.TemporaryDirectory() as work:
-        for i in range(a.repeats):
+    with budget.watch(), tempfile.TemporaryDirectory() as work:
+        for i in budget.each(range(a.repeats)):
             # Alternate which side goes first, so neither always follows the other's teardown.
             if i % 2:
-                ours.append(hpcsuite_run(a, Path(work)))
-                plain.append(plain_run(a))
+                mine = hpcsuite_run(a, Path(work))
+                theirs = plain_run(a)
             else:
-                plain.append(plain_run(a))
-                ours.append(hpcsuite_run(a, Path(work)))
+                theirs = plain_run(a)
+                mine = hpcsuite_run(a, Path(work))
+            ours.append(mine)           # a repeat counts once both sides ran
+            plain.append(theirs)
+    budget.report(len(ours), a.repeats, "repeats")
     p, o = statistics.median(r for r, _ in plain), statistics.median(r for r, _ in ours)
     what = f"user model + python-factory data ({USER.relative_to(ROOT)})" if a.user else a.model
     print(f"{a.backend} {what} shape {a.shape}, batch {a.batch}/rank, 2 ranks, {a.steps} steps, "
-          f"{a.repeats} alternating repeats (medians, samples/s)")
+          f"{len(ours)} alternating repeats (medians, samples/s)")
     if a.yield_:
         print("both sides: mpirun --mca mpi_yield_when_idle 1 (--yield)")
     if a.fresh_data:
@@ -240,6 +261,7 @@ def main() -> None:
     print(f"median-step ratio per pair      {spread(steps)}")
     print(f"median step ms: plain {spread([1e3 * t for _, t in plain])}")
     print(f"                hpcsuite {spread([1e3 * t for _, t in ours])}")
+    sys.exit(budget.exit_code())
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ All report steady-state samples/s with the same warm-up rule. Printed: medians [
 ratios of the medians, and per repeat the ratios of the jobs that ran back to back.
 
     .venv/bin/python bench/weak_scaling.py [--backend torch] [--batches 128,512] [-r 7]
+        [--budget SECONDS]
 
-Needs the local cluster (`hpcsuite cluster up`); SLURM_CONF is taken from its state.
+Needs the local cluster (`hpcsuite cluster up`); SLURM_CONF is taken from its state. A round is
+one batch, node count and repeat (its jobs back to back); when --budget or a stop signal cuts
+the run short, the jobs in flight are cancelled and the completed rounds are printed.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import product
 from pathlib import Path
+
+from budget import Budget, cancel_jobs_under, run_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -63,7 +69,7 @@ def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: i
     argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"]
     for s in sets:
         argv += ["--set", s]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work, timeout=900)
+    done = run_group(argv, capture_output=True, text=True, env=env, cwd=work, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"hpcsuite job failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     r = json.loads(done.stdout)["results"]
@@ -95,8 +101,9 @@ def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
                                    backend=backend, shape=shape, batch=batch, steps=steps,
                                    cycle=cycle, yield_=0 if spin else 1,
                                    fresh=f"--fresh-data --samples {fresh}" if fresh else ""))
-    done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=900)
+    # Submitted from work, as the hpcsuite jobs are: a cut run cancels the jobs under it.
+    done = run_group(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
+                     text=True, env=env, cwd=work, timeout=900)
     text = out.read_text() if out.is_file() else ""
     for line in text.splitlines():
         if line.startswith("{") and "samples_per_s_steady" in line:
@@ -112,6 +119,22 @@ def fmt(values: list[float]) -> str:
 KINDS = ("hpcsuite", "plain", "plain+data", "limit")
 
 
+def one_round(env, work: Path, a, batch: int, nodes: int, r: int, shape: int,
+              samples: int) -> dict[str, tuple[float, float]]:
+    """Repeat ``r`` at one batch and node count: each kind's job, back to back."""
+    common = (a.backend, nodes, batch, a.steps)
+    runs = {
+        "hpcsuite": lambda: hpcsuite_run(env, work, *common, True, a.cycle_time, a.spin),
+        "plain": lambda: plain_run(env, work, *common, shape, a.cycle_time, None, a.spin),
+        "plain+data": lambda: plain_run(env, work, *common, shape, a.cycle_time, samples, a.spin),
+        "limit": lambda: hpcsuite_run(env, work, *common, False, a.cycle_time, a.spin),
+    }
+    kinds = [k for k in KINDS if nodes > 1 or k != "limit"]
+    # Each repeat starts with another kind: the job that runs first after a switch (of node
+    # count or batch) is not always the same one.
+    return {kind: runs[kind]() for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=["torch", "tensorflow"], default="torch")
@@ -123,7 +146,9 @@ def main() -> None:
     ap.add_argument("--spin", action="store_true",
                     help="MPI busy-polls while waiting, on both sides (OpenMPI's default; "
                          "hpcsuite's scripts make ranks with one core yield)")
+    Budget.add_argument(ap, 1080, "rounds")
     a = ap.parse_args()
+    budget = Budget.from_args(a)
     env = cluster_env()
     import yaml
 
@@ -131,31 +156,26 @@ def main() -> None:
     shape, samples = data["shape"][0], data["samples"]
     results: dict = {}
     step_ms: dict = {}     # (batch, nodes) -> kind -> each job's median step, ms
-    with tempfile.TemporaryDirectory(prefix="weak-") as tmp:
+    rounds = list(product([int(b) for b in a.batches.split(",")], range(a.repeats), (1, 2)))
+    done = 0
+    with budget.watch(), tempfile.TemporaryDirectory(prefix="weak-") as tmp:
         work = Path(tmp)
-        for batch in [int(b) for b in a.batches.split(",")]:
-            for r in range(a.repeats):
-                for nodes in (1, 2):
-                    row = results.setdefault((batch, nodes), {k: [] for k in KINDS})
-                    steps = step_ms.setdefault((batch, nodes), {k: [] for k in KINDS})
-                    common = (a.backend, nodes, batch, a.steps)
-                    runs = {
-                        "hpcsuite": lambda: hpcsuite_run(env, work, *common, True, a.cycle_time, a.spin),
-                        "plain": lambda: plain_run(env, work, *common, shape, a.cycle_time, None, a.spin),
-                        "plain+data": lambda: plain_run(env, work, *common, shape, a.cycle_time,
-                                                        samples, a.spin),
-                        "limit": lambda: hpcsuite_run(env, work, *common, False, a.cycle_time, a.spin),
-                    }
-                    kinds = [k for k in KINDS if nodes > 1 or k != "limit"]
-                    # Each repeat starts with another kind: the job that runs first after a
-                    # switch (of node count or batch) is not always the same one.
-                    for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                        rate, step = runs[kind]()
-                        row[kind].append(rate)
-                        steps[kind].append(step * 1e3)
-                    print(f"batch {batch} nodes {nodes} repeat {r}: " + ", ".join(
-                        f"{k} {v[-1]:.0f}" for k, v in row.items() if v) + " samples/s",
-                        file=sys.stderr, flush=True)
+        try:
+            for batch, r, nodes in budget.each(rounds):
+                got = one_round(env, work, a, batch, nodes, r, shape, samples)
+                row = results.setdefault((batch, nodes), {k: [] for k in KINDS})
+                steps = step_ms.setdefault((batch, nodes), {k: [] for k in KINDS})
+                for kind, (rate, step) in got.items():   # a round counts once all its jobs ran
+                    row[kind].append(rate)
+                    steps[kind].append(step * 1e3)
+                done += 1
+                print(f"batch {batch} nodes {nodes} repeat {r}: " + ", ".join(
+                    f"{k} {v[-1]:.0f}" for k, v in row.items() if v) + " samples/s",
+                    file=sys.stderr, flush=True)
+        finally:
+            if budget.stopped_by:
+                cancel_jobs_under(env, work)
+    budget.report(done, len(rounds), "rounds")
     print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples ({samples} in the "
           f"dataset), one rank per node, {a.steps} steps, cycle time {a.cycle_time:g} ms, "
           f"MPI waits {'spin' if a.spin else 'yield'}, {a.repeats} repeats (samples/s median [min-max])")
@@ -179,11 +199,12 @@ def main() -> None:
             print(f"batch {batch:>5}, {nodes} node(s): hpcsuite/{other:<10} "
                   f"{statistics.median(row['hpcsuite']) / statistics.median(row[other]):6.3f}   "
                   f"per repeat {statistics.median(pairs):6.3f} [{min(pairs):.3f}-{max(pairs):.3f}]")
-    for batch in sorted({b for b, _ in results}):
+    for batch in sorted({b for b, n in results if n == 2 and (b, 1) in results}):
         eff = {k: statistics.median(results[(batch, 2)][k]) / (2 * statistics.median(results[(batch, 1)][k]))
                for k in ("hpcsuite", "plain", "plain+data")}
         print(f"batch {batch}: weak-scaling efficiency (2-node / 2 x 1-node) " +
               ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
+    sys.exit(budget.exit_code())
 
 
 if __name__ == "__main__":
