@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
+from budget import Budget
 from hpcsuite.fabrics import PRESETS, Fabric
 from hpcsuite.study.predict import Knobs, Workload, point
 
@@ -41,25 +41,23 @@ GPUS_PER_SERVER, BATCH = 4, 64
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds (default 60)")
-    budget = parser.parse_args().budget
-    began = time.monotonic()
+    Budget.add_argument(parser, 60, "rows")
+    budget = Budget.from_args(parser.parse_args())
     fabric = Fabric("25gbe-roce", PRESETS["25gbe-roce"])
     print("| model | GPUs | published | predicted | difference (points) |")
     print("| --- | --- | --- | --- | --- |")
     done = 0
-    for model, servers, published, source in PUBLISHED:
-        if time.monotonic() - began > budget:
-            print(f"(budget of {budget:g} s spent: {done} of {len(PUBLISHED)} rows)")
-            return 0
-        params, per_gpu = MODELS[model]
-        workload = Workload(params * 4.0, BATCH / per_gpu, BATCH)
-        eff = point(workload, servers, GPUS_PER_SERVER, fabric, Knobs())["efficiency"]
-        print(f"| {model} | {servers * GPUS_PER_SERVER} | {published:.0%} | {eff:.1%} | "
-              f"{(eff - published) * 100:+.1f} |", flush=True)
-        done += 1
+    with budget.watch():
+        for model, servers, published, source in budget.each(PUBLISHED):
+            params, per_gpu = MODELS[model]
+            workload = Workload(params * 4.0, BATCH / per_gpu, BATCH)
+            eff = point(workload, servers, GPUS_PER_SERVER, fabric, Knobs())["efficiency"]
+            print(f"| {model} | {servers * GPUS_PER_SERVER} | {published:.0%} | {eff:.1%} | "
+                  f"{(eff - published) * 100:+.1f} |", flush=True)
+            done += 1
+    budget.report(done, len(PUBLISHED), "rows")
     print(f"\nsources: {HOROVOD}; {HOROVOD_EARLY}; throughput: {TF_P100}; {KERAS}")
-    return 0
+    return budget.exit_code()
 
 
 if __name__ == "__main__":
