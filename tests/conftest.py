@@ -45,6 +45,30 @@ def rank_pids(run_dir: str | Path) -> list[str]:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+
+
+def follow_job(env: dict, job_id: str, cwd: Path, cluster=None, timeout: float = 400) -> dict:
+    """`status JOB --json` until the job has ended; that status. With ``cluster``, a requeued
+    job held for Slurm's requeue delay (~2 min) is started as soon as the nodes are idle."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
+        if cluster is not None and state["state"] == "PENDING" \
+                and state.get("reason") == "BeginTime" \
+                and set(cluster.node_states().values()) == {"idle"}:
+            time.sleep(1)
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
+                           capture_output=True)
+        if state["state"] in ENDED:
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
+
+
 def submit_spec(env: dict, work: Path, spec_text: str, *args: str, name: str = "job.yaml",
                 expect: int = 0) -> dict:
     """Write a spec into ``work``, `submit --wait --json` it, check the exit code; the JSON."""

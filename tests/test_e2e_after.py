@@ -6,26 +6,15 @@ a satisfied dependency is left out, an impossible one refused (exit 2)."""
 import json
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, follow_job as follow, run_cli
 from hpcsuite.runs.rundir import RunDir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EXAMPLE = REPO / "examples" / "digits"
-
-
-def follow(env, job_id, cwd, timeout=300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
-        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-            return state
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
 
 
 def test_train_then_evaluate_chain(local_cluster, tmp_path):

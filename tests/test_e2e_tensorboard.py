@@ -7,27 +7,12 @@ import json
 import subprocess
 import time
 
-import numpy as np
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import run_cli
+from conftest import follow_job, run_cli
+from test_tensorboard import f32, points, read
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-def read(log_dir) -> EventAccumulator:
-    acc = EventAccumulator(str(log_dir))
-    acc.Reload()
-    return acc
-
-
-def points(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
-
-
-def f32(x: float) -> float:
-    return float(np.float32(x))      # TensorBoard's scalars are float32
 
 
 MANAGED = """name: tbm
@@ -113,21 +98,6 @@ train:
 """
 
 
-def follow(env, cluster, job_id, cwd, timeout=400) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
-        if state["state"] == "PENDING" and state.get("reason") == "BeginTime" \
-                and set(cluster.node_states().values()) == {"idle"}:
-            time.sleep(1)     # Slurm holds a requeued job ~2 min otherwise
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
-                           capture_output=True)
-        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-            return state
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
-
-
 def test_a_requeued_script_job_continues_in_one_log_directory(local_cluster, tmp_path):
     cluster, env = local_cluster
     (tmp_path / "steps.py").write_text(STEPS)
@@ -141,7 +111,7 @@ def test_a_requeued_script_job_continues_in_one_log_directory(local_cluster, tmp
             break
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
-    state = follow(env, cluster, job_id, tmp_path)
+    state = follow_job(env, job_id, tmp_path, cluster)
     assert state["state"] == "COMPLETED", (tmp_path / "runs" / "tbs" / f"slurm-{job_id}.out").read_text()[-3000:]
 
     r = json.loads((run_dir / "results.json").read_text())

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import run_cli, wait_for_text
+from conftest import follow_job, run_cli, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -45,21 +45,6 @@ train:
 """
 
 
-def follow(env, cluster, job_id, cwd, timeout=400) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
-        if state["state"] == "PENDING" and state.get("reason") == "BeginTime" \
-                and set(cluster.node_states().values()) == {"idle"}:
-            time.sleep(1)     # Slurm holds a requeued job ~2 min otherwise
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
-                           capture_output=True)
-        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-            return state
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
-
-
 def test_a_preempted_and_requeued_job_reports_the_loss_from_step_one(local_cluster, tmp_path):
     from hpcsuite.runs.results import Results, describe_run, summarize
 
@@ -75,7 +60,7 @@ def test_a_preempted_and_requeued_job_reports_the_loss_from_step_one(local_clust
             break
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
-    state = follow(env, cluster, job_id, tmp_path)
+    state = follow_job(env, job_id, tmp_path, cluster)
     log = (tmp_path / "runs" / "whole" / f"slurm-{job_id}.out").read_text()
     assert state["state"] == "COMPLETED", log[-3000:]
     wait_for_text(tmp_path / "runs" / "whole" / f"slurm-{job_id}.out", "requeueing job", 5)
