@@ -11,6 +11,7 @@ import pytest
 
 from conftest import follow_job, run_cli
 from test_tensorboard import f32, points, read
+from test_whole_run import STEPS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -66,26 +67,7 @@ def test_a_managed_job_charts_what_results_json_records(local_cluster, tmp_path,
     assert f"tensorboard --logdir {(run_dir / 'tensorboard').absolute()}" in report, report
 
 
-# 1 rank, no framework, 20 ms a step, so the signal lands mid-run (as tests/test_whole_run.py).
-STEPS = """import time
-import numpy as np
-from hpcsuite import api
-
-run = api.Run()
-restored = run.restore()
-w = restored.state["model"]["w"] if restored else np.zeros(1)
-for batch in run.batches(64):
-    time.sleep(0.02)
-    w = w + 1
-    run.log(loss=10.0 / run.step, seen=float(w[0]))
-    if run.should_stop():
-        run.save({"model": {"w": w}})
-        break
-    if run.checkpoint_due():
-        run.save({"model": {"w": w}})
-run.finish(params={"w": w})
-"""
-
+# The preempted script job of tests/test_whole_run.py, charted.
 SCRIPT = """name: tbs
 resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
 train:
