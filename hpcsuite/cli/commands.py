@@ -171,17 +171,20 @@ def runs(as_json, last):
     from ..runner import describe_many
 
     entries = registry.load(Path.cwd())
-    rows = [r.row() for r in describe_many(entries[-last:] if last else entries)]
+    rows = [r.row() for r in describe_many(registry.expand(entries[-last:] if last else entries))]
     if as_json:
         emit_json(rows)
         return
     if not rows:
         click.echo(f"no runs submitted from {Path.cwd()}")
         return
-    click.echo(f"{'JOB':>8}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'EXIT':>5} "
+    click.echo(f"{'JOB':>10}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'EXIT':>5} "
                f"{'MAXRSS':>7} {'STEP':>7}  {'SUBMITTED':<19}  RUN DIR")
     for r in rows:
-        click.echo(f"{r['job_id']:>8}  {(r['name'] or '')[:20]:<20} {r['state']:<11} "
+        name = r["name"] or ""
+        if r.get("array"):          # a sweep's job array, its elements on the lines below it
+            name = f"{name} [{len(r['array']['indices'])}]"
+        click.echo(f"{r['job_id']:>10}  {name[:20]:<20} {r['state']:<11} "
                    f"{r['elapsed'] or '-':>10} {r['exit_code'] or '-':>5} {r['max_rss'] or '-':>7} "
                    f"{r['step'] if r['step'] is not None else '-':>7}  "
                    f"{r['submitted_at'] or '':<19}  {r['run_dir']}")
