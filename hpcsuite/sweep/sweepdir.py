@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError
-from ..runs.rundir import RunRoot, element_id
+from ..runs.rundir import CHECKPOINTS, JOB, RunRoot, element_id
 from .spec import Element
 
 SWEEP_FILE = "sweep.yaml"
@@ -51,7 +51,7 @@ class SweepDir:
         return self.path / "elements"
 
     def element_job(self, index: int) -> Path:
-        return self.elements_dir / str(index) / "job.json"
+        return self.elements_dir / str(index) / JOB   # the name the element's run dir gives it
 
     @property
     def submissions_file(self) -> Path:
@@ -66,7 +66,7 @@ class SweepDir:
 
     def checkpoints(self, index: int) -> Path:
         """Element ``index``'s checkpoints, when its job saves them and names no directory."""
-        return self.path / "checkpoints" / str(index)
+        return self.path / CHECKPOINTS / str(index)
 
     @property
     def report_dir(self) -> Path:
