@@ -40,7 +40,7 @@ def metric_of(row: dict, name: str):
     if name.startswith("metrics."):
         value = row["metrics"].get(name[len("metrics."):])
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    return row.get(name)
+    return row.get("final_loss" if name == "loss" else name)
 
 
 def report(sd: SweepDir, query=None) -> dict:

@@ -99,7 +99,7 @@ def prepare_element(sweep_path: str, sweep: Sweep, sd: SweepDir, base: Path, ele
             p = prepare(str(base), profile_path, template_dir, sets, against_slurm, cwd=workdir,
                         array=array)
     except UserError as e:
-        raise type(e)(f"{sweep_path}: element {element.index} ({element.label()}): {e}") from None
+        raise UserError(f"{sweep_path}: element {element.index} ({element.label()}): {e}") from None
     return p, dataclasses.replace(element, sets=sets[1:])
 
 
@@ -248,7 +248,7 @@ def run(planned: PlannedSweep) -> tuple[SweepDir, str]:
 
 
 def resubmit(sd: SweepDir, index: int, profile_path: str | None = None,
-             template_dir: str | None = None, query=None) -> str:
+             template_dir: str | None = None, query=None, against_slurm: bool = True) -> str:
     """Submit element ``index`` again, alone (a one-element array, ``--array=INDEX``), with
     the job it was first submitted with: resolved again now and refused when that differs
     (the base spec or a profile changed). Refused while its job is queued or running, or once
@@ -270,7 +270,7 @@ def resubmit(sd: SweepDir, index: int, profile_path: str | None = None,
     workdir = Path(d["workdir"])
     array = ArrayPlan(spec=str(index), elements=str(sd.elements_dir), digest=d["digest"])
     p, _ = prepare_element(str(sd.elements_file), sweep, sd, Path(d["base"]), elements[index],
-                           workdir, profile_path, template_dir, array, True)
+                           workdir, profile_path, template_dir, array, against_slurm)
     job = p.request.job
     recorded = json.loads(sd.element_job(index).read_text())
     now = json.loads(job_json(job))
