@@ -33,15 +33,28 @@ def element_rows(sd: SweepDir, query=None) -> tuple[dict[int, dict], str | None]
         job_id, submitted = current.get(i, (None, 0))
         done = _completed(entries[i]["run_dir"]) if i in entries else False
         state = record_.state.state if record_ is not None and record_.state is not None else \
-            ("UNKNOWN" if job_id else "NOT SUBMITTED")
+            _unknown(job_id, entries.get(i, {}).get("run_dir"))
         rows[i] = {"index": i, "values": element.values, "job_id": job_id,
                    "submitted": submitted, "state": state, "done": done,
-                   # Slurm forgot it (UNKNOWN), or it ended: judge it by what it left
-                   "finished": done or state in TERMINAL or state == "UNKNOWN",
+                   # it ended, or Slurm forgot it: judge it by what it left
+                   "finished": done or state in TERMINAL or state in ("UNKNOWN", NEVER_RAN),
                    "elapsed": record_.state.elapsed if record_ and record_.state else None,
                    "step": (record_.progress or {}).get("step") if record_ else None,
                    "run_dir": entries[i]["run_dir"] if i in entries else None}
     return rows, note
+
+
+# Slurm keeps no record of an array element cancelled before it started (it never became a
+# job of its own): no record and no run directory says it never ran.
+NEVER_RAN = "NEVER RAN"
+
+
+def _unknown(job_id: str | None, run_dir: str | None) -> str:
+    from pathlib import Path
+
+    if not job_id:
+        return "NOT SUBMITTED"
+    return "UNKNOWN" if run_dir and Path(run_dir).exists() else NEVER_RAN
 
 
 def _completed(run_dir: str) -> bool:
