@@ -177,14 +177,14 @@ def test_max_parallel_defaults_to_and_stops_at_the_sites(work):
 
 @pytest.mark.parametrize("axis, message", [
     # a bad value in one element refuses the sweep, naming the element and the key
-    ("train.batch_size: [16, 0]", "element 1 (train.batch_size=0): --set: train.batch_size: 0 is "
-                                  "below the minimum 1"),
+    ("train.batch_size: [16, 0]", "elements[1].train.batch_size: 0 is below the minimum 1 "
+                                  "(element 1: train.batch_size=0)"),
     # the site's lock holds for a sweep axis as for --set
-    ("train.precision: [fp32, amp]", "element 1 (train.precision='amp'): --set: train.precision: "
-                                     "the site fixes train.precision"),
+    ("train.precision: [fp32, amp]", "elements[1].train.precision: the site fixes "
+                                     "train.precision"),
     # lint: more ranks x CPUs than the partition's node has
-    ("train.lr: [0.1]\n  resources.cpus_per_task: [4]", "element 0 (train.lr=0.1, "
-                                                         "resources.cpus_per_task=4)"),
+    ("train.lr: [0.1]\n  resources.cpus_per_task: [4]", "elements[0].resources.tasks_per_node: "
+                                                         "1 ranks x 4 CPUs"),
     # an axis that changes the script (header, environment) cannot share one array
     ("resources.nodes: [1, 2]", "axes.resources.nodes: element 1 (resources.nodes=2) renders "
                                 "another batch script than element 0"),

@@ -99,8 +99,26 @@ def prepare_element(sweep_path: str, sweep: Sweep, sd: SweepDir, base: Path, ele
             p = prepare(str(base), profile_path, template_dir, sets, against_slurm, cwd=workdir,
                         array=array)
     except UserError as e:
-        raise UserError(f"{sweep_path}: element {element.index} ({element.label()}): {e}") from None
+        raise element_error(sweep_path, element, e) from None
     return p, dataclasses.replace(element, sets=sets[1:])
+
+
+def element_error(sweep_path: str, element: Element, e: UserError) -> UserError:
+    """What refused an element, said of the sweep file: ``SWEEP: elements[I].KEY: message
+    (element I: its axis values)``; a lint's first error (and how many more)."""
+    from ..runner import LintFailed
+
+    where = f"elements[{element.index}]"
+    values = f"(element {element.index}: {element.label()})"
+    if isinstance(e, LintFailed) and e.errors:
+        more = f"; {len(e.errors) - 1} more error(s)" if len(e.errors) > 1 else ""
+        first = e.errors[0]
+        return ConfigError(sweep_path, f"{where}.{first.key}", f"{first.message}{more} {values}")
+    if isinstance(e, ConfigError) and e.key:
+        message = str(e)[len(f"{e.source}: {e.key}: "):]
+        inside = "" if e.source == "--set" else f" (in {e.source})"
+        return ConfigError(sweep_path, f"{where}.{e.key}", f"{message}{inside} {values}")
+    return ConfigError(sweep_path, where, f"{e} {values}")
 
 
 def _max_parallel(sweep: Sweep, sweep_path: str, base: Path, profile_path, workdir: Path) -> int:

@@ -98,7 +98,7 @@ class Element(Record):
     sets: list            # the same as --set KEY=VALUE
 
     def label(self) -> str:
-        return ", ".join(f"{k}={show(v) if isinstance(v, str) else v}"
+        return ", ".join(f"{k}={show(v, 40) if isinstance(v, str) else v}"
                          for k, v in self.values.items())
 
 
