@@ -162,7 +162,8 @@ def status(run, as_json):
 @click.option("-n", "--last", type=int, default=20, show_default=True,
               help="Only the last N runs (0: all).")
 def runs(as_json, last):
-    """List the runs submitted from this directory, newest last, with their state.
+    """List the runs submitted from this directory, newest last, with their state; a sweep's
+    job array is one line (NAME [elements]) followed by its elements (ARRAYID_INDEX).
 
     The registry is .hpcsuite/runs.jsonl here; states, exit codes and MaxRSS come from one
     sacct call for all the runs where the cluster keeps accounting, else from one squeue call
