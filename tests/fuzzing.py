@@ -394,7 +394,9 @@ def invoke(argv: list[str], work: Path):
 
 ERROR_LINE = re.compile(r"^error: (?P<where>.+?): (?P<rest>.*)$")
 _SEGMENT = r"""(?:[\w\-\[\]]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\.\.\.)(?:\[\d+\])*"""
-KEY = re.compile(rf"^(?:{_SEGMENT}(?:\.{_SEGMENT})*(?:…)?(?: \(\d+ characters\))?|\(top\)): ")
+# a long key is cut (``'abc'… (45 characters)``), and a list under it indexed after that
+KEY = re.compile(rf"^(?:{_SEGMENT}(?:\.{_SEGMENT})*(?:…)?(?: \(\d+ characters\))?(?:\[\d+\])*|"
+                 rf"\(top\)): ")
 WHOLE_FILE = ("larger than", "not UTF-8", "expected a mapping of keys", "no such file",
               "values once aliases", "a value contains itself", "is a directory", "cannot read")
 
