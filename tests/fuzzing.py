@@ -1,12 +1,15 @@
 """Property-based fuzzing of everything a user or a site feeds hpcsuite.
 
 Shared by ``tests/test_fuzz.py`` (the suite: at least 1,000 cases per kind) and
-``bench/fuzz_counts.py`` (the same checks, counted, for docs/SECURITY.md). Four kinds of input:
+``bench/fuzz_counts.py`` (the same checks, counted, for docs/SECURITY.md). Five kinds of input:
 
 - job specs (YAML text, including YAML that is legal but wrong),
 - site profiles (with a spec that tries to change what they lock),
 - templates' inputs (values placed by templates into #SBATCH lines and the body),
-- command-line values (every login-node command, odd arguments).
+- command-line values (every login-node command, odd arguments),
+- sweep files (axes of hostile keys and values over a base spec, under a site that locks a key;
+  accepted: the array's header holds exactly the job's options and ``--array``, its body is
+  harmless, and each element's job holds its axis values exactly).
 
 Each case runs the real CLI in-process (Click's runner) and its outcome is classified:
 ``accepted`` (exit 0: then the rendered header, read the way sbatch reads it, holds exactly
@@ -391,7 +394,9 @@ def invoke(argv: list[str], work: Path):
 
 ERROR_LINE = re.compile(r"^error: (?P<where>.+?): (?P<rest>.*)$")
 _SEGMENT = r"""(?:[\w\-\[\]]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\.\.\.)(?:\[\d+\])*"""
-KEY = re.compile(rf"^(?:{_SEGMENT}(?:\.{_SEGMENT})*(?:…)?(?: \(\d+ characters\))?|\(top\)): ")
+# a long key is cut (``'abc'… (45 characters)``), and a list under it indexed after that
+KEY = re.compile(rf"^(?:{_SEGMENT}(?:\.{_SEGMENT})*(?:…)?(?: \(\d+ characters\))?(?:\[\d+\])*|"
+                 rf"\(top\)): ")
 WHOLE_FILE = ("larger than", "not UTF-8", "expected a mapping of keys", "no such file",
               "values once aliases", "a value contains itself", "is a directory", "cannot read")
 
@@ -446,8 +451,10 @@ def expected_header(job, profile) -> dict[str, str | None]:
     return want
 
 
-def check_script(script: str, work: Path, want: dict, env: dict[str, str]) -> str | None:
-    """None when the header holds exactly ``want`` and bash runs the body harmlessly."""
+def check_script(script: str, work: Path, want: dict, env: dict[str, str],
+                 slurm: dict[str, str] | None = None) -> str | None:
+    """None when the header holds exactly ``want`` and bash runs the body harmlessly
+    (``slurm``: the job's Slurm variables beyond SLURM_JOB_ID, an array element's)."""
     from hpcsuite.submit.sbatch_header import parse_header
 
     for keep in (False, True):
@@ -459,7 +466,7 @@ def check_script(script: str, work: Path, want: dict, env: dict[str, str]) -> st
     probe = head + f"\nenv -0 > {run}/env.bin\n"
     (run / "job.sh").write_text(probe)
     proc = subprocess.run(["bash", "job.sh"], cwd=run, capture_output=True, timeout=30,
-                          env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"})
+                          env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin", **(slurm or {})})
     canaries = list(work.rglob(CANARY)) + list(Path("/tmp").glob(CANARY))
     if canaries:
         return f"canary created: {canaries}"
@@ -614,9 +621,123 @@ def run_cli_case(argv: list[str], work: Path) -> tuple[str, str]:
     return ("accepted" if result.exit_code == 0 else "refused"), ""
 
 
+# ---------------------------------------------------------------------- sweep files
+
+SWEEP_BASE = "name: fzbase\nresources: {partition: debug, time: '00:10:00'}\n"
+SWEEP_PROFILE = ("name: fz\npython: python3\npartitions: {debug: {cpus_per_node: 1, "
+                 "max_time: '01:00:00'}}\nsweep_max_parallel: 4\nlocked: [train.precision]\n")
+# Each axis key: the values it takes in a valid sweep (lists), with wrong keys among them.
+SWEEP_AXES = {
+    "train.lr": st.lists(st.floats(0.0001, 1).map(lambda v: float(f"{v:.4g}")), min_size=1,
+                         max_size=3, unique=True),
+    "train.seed": st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=3, unique=True),
+    "train.optimizer.name": st.just(["sgd", "adam"]),
+    "train.checkpoint.dir": st.lists(hostile_text, min_size=1, max_size=2, unique=True),
+    "train.data.path": st.lists(hostile_text, min_size=1, max_size=2, unique=True),
+    "train.precision": st.just(["fp32"]),
+    "resources.time": st.just(["00:05:00"]),
+    "env.NOTE": st.lists(hostile_text, min_size=1, max_size=1),
+}
+SWEEP_BAD_KEYS = st.one_of(st.sampled_from(["name", "train.lrr", "resources.nodes", "env.PATH",
+                                            "train.precision", "output_dir", "train.args",
+                                            "resources.extra_sbatch.array"]), hostile_text)
+DISTRIBUTIONS = st.one_of(
+    st.fixed_dictionaries({"log_uniform": st.lists(numbers, min_size=0, max_size=3)}),
+    st.fixed_dictionaries({"uniform": st.tuples(st.floats(0, 1), st.floats(0, 2)).map(list)}),
+    st.fixed_dictionaries({"randint": st.lists(st.integers(-5, 50), min_size=2, max_size=2)}),
+    st.fixed_dictionaries({"choice": st.lists(scalars, max_size=3)}),
+    st.dictionaries(hostile_text, values, max_size=2))
+
+
+@st.composite
+def sweep_cases(draw) -> bytes:
+    """Half the cases a valid sweep file (hostile text only where any text may go), the other
+    half anything: wrong keys and values, distributions, YAML that is legal but wrong."""
+    valid = draw(st.booleans())
+    keys = draw(st.lists(st.sampled_from(sorted(SWEEP_AXES)), min_size=1, max_size=3, unique=True))
+    axes = {k: draw(SWEEP_AXES[k]) for k in keys}
+    tree: dict = {"name": draw(st.sampled_from(["fz", "sw-1", "a.b_c"]) if valid else either(names)),
+                  "base": "job.yaml", "axes": axes}
+    if draw(st.booleans()):
+        tree["max_parallel"] = draw(st.integers(1, 4) if valid else either(st.integers(-1, 9)))
+    if not valid:
+        for _ in range(draw(st.integers(1, 3))):
+            what = draw(st.integers(0, 5))
+            if what == 0:
+                axes[draw(SWEEP_BAD_KEYS)] = draw(either(st.lists(scalars, max_size=3)))
+            elif what == 1:
+                tree["random"] = draw(either(st.fixed_dictionaries(
+                    {"count": st.integers(-1, 1200), "seed": st.integers(-1, 2**33)})))
+                axes[draw(st.sampled_from(sorted(SWEEP_AXES)))] = draw(DISTRIBUTIONS)
+            elif what == 2:
+                tree[draw(st.sampled_from(["base", "output_dir", "metric", "max_parallel"]))] = \
+                    draw(values)
+            elif what == 3:
+                axes[draw(st.sampled_from(sorted(SWEEP_AXES)))] = draw(values)
+            elif what == 4:
+                tree["axes"] = draw(values)
+            else:
+                tree["metric"] = {"name": draw(either(st.sampled_from(["val_loss", "metrics.acc"]))),
+                                  "goal": draw(either(st.sampled_from(["max", "min"])))}
+    text = yaml.safe_dump(tree, allow_unicode=True, sort_keys=False)
+    if not valid:
+        text = draw(st.sampled_from(MUTATIONS))(text)
+    return text.encode("utf-8", "surrogatepass")
+
+
+def run_sweep_case(data: bytes, work: Path) -> tuple[str, str]:
+    import json
+    import shutil
+
+    (work / "job.yaml").write_text(SWEEP_BASE)
+    profile = work / "sweep-profile.yaml"
+    profile.write_text(SWEEP_PROFILE)
+    sweep = work / "sweep.yaml"
+    sweep.write_bytes(data)
+    shutil.rmtree(work / "sweeps", ignore_errors=True)
+    result = invoke(["sweep", "run", str(sweep), "--dry-run", "--json", "--profile",
+                     str(profile)], work)
+
+    def script_check():
+        from hpcsuite.submit.config import resolve
+
+        planned = json.loads(result.stdout)
+        if (work / "sweeps").exists():
+            return "a dry run wrote the sweep directory"
+        elements = planned["elements"]
+        name = yaml.safe_load(data)["name"]
+        for element in elements[:3]:     # each element's job holds its values exactly
+            r = resolve(str(work / "job.yaml"), str(profile), [f"name={name}", *element["sets"]],
+                        ambient=False)
+            job = r.job.to_dict()
+            for key, value in element["values"].items():
+                got = job
+                for part in key.split("."):
+                    got = got[part]
+                if got != value and not (isinstance(value, str) and got == value.strip()
+                                         and key.startswith("env.")):
+                    return f"element {element['index']}: {key} is {got!r}, the axis says {value!r}"
+        want = expected_header(r.job, r.profile)
+        want["output"] = want["output"].replace("%j", "%A_%a")
+        n = len(elements)
+        limit = min(yaml.safe_load(data).get("max_parallel") or 4, n)
+        want["array"] = f"0-{n - 1}%{limit}" if n > 1 else "0"
+        copy = Path(planned["sweep_dir"]) / "elements" / "0"
+        copy.mkdir(parents=True)
+        (copy / "job.json").write_text("{}")
+        try:
+            return check_script(planned["script"], work, want, r.job.env,
+                                {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0"})
+        finally:
+            shutil.rmtree(work / "sweeps", ignore_errors=True)
+
+    return classify_render(result, [str(sweep), str(profile)], script_check)
+
+
 KINDS = {
     "job specs": (spec_documents(), run_spec_case),
     "site profiles": (profile_cases(), run_profile_case),
     "template inputs": (template_cases(), run_template_case),
     "command-line values": (cli_cases(), run_cli_case),
+    "sweep files": (sweep_cases(), run_sweep_case),
 }

@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "hpcsuite"
-ROOMS = ("cli", "runner", "submit", "runs", "study", "site", "runtime")
+ROOMS = ("cli", "runner", "submit", "runs", "study", "sweep", "site", "runtime")
 # the shared core, at the top
 LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce", "fabrics")
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
@@ -18,6 +18,7 @@ ALLOWED = {
     "cli": set(ROOMS) | {"api"},
     "runner": {"submit", "runs", "runtime.job_io"},
     "study": {"runner", "submit", "runs", "site"},
+    "sweep": {"runner", "submit", "runs"},
     "site": {"submit.site_profile"},
     "submit": {"runs.rundir", "runs.registry", "templates"},
     "runs": set(),

@@ -1,5 +1,5 @@
-"""Property-based fuzzing (hypothesis) of job specs, site profiles, templates' inputs and
-command-line values: no traceback, no hang, every refusal exit 2 naming file and key, and
+"""Property-based fuzzing (hypothesis) of job specs, site profiles, templates' inputs,
+command-line values and sweep files: no traceback, no hang, every refusal exit 2 naming file and key, and
 every accepted script exactly as safe as its inputs (see tests/fuzzing.py).
 
 At least 1,000 cases per kind; HPCSUITE_FUZZ_EXAMPLES raises (or, for a quick local run,
@@ -45,3 +45,4 @@ test_fuzz_job_specs = make_test("job specs")
 test_fuzz_site_profiles = make_test("site profiles")
 test_fuzz_template_inputs = make_test("template inputs")
 test_fuzz_command_line_values = make_test("command-line values")
+test_fuzz_sweep_files = make_test("sweep files")

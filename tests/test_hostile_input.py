@@ -1,5 +1,6 @@
 """Input that is legal YAML (or a plausible file) but wrong: refused in one line, exit 2."""
 
+import json
 import os
 import subprocess
 import sys
@@ -320,3 +321,52 @@ def test_literal_header_lines_of_a_parent_block_stay_literal(work):
     result = cli("render", str(work / "job.yaml"))
     assert result.exit_code == 0, result.output
     assert "#SBATCH --requeue\n" in result.output
+
+
+# ---------------------------------------------------------------------- sweep files
+SWEEP_BASE = "name: a\nresources: {partition: debug}\n"
+
+
+@pytest.mark.parametrize("axes, message", [
+    # a value that would inject an option or a command reaches no script: env is in the body,
+    # so every element must render the same one and this axis is refused
+    ('{env.NOTE: ["x", "\\\\\'\' --partition=other #\'"]}', "axes.env.NOTE: element 1"),
+    ("{resources.extra_sbatch.array: ['0-999']}",
+     "elements[0].resources.extra_sbatch.array: --array is not an sbatch option this site allows"),
+    ("{resources.partition: [debug, other]}", "elements[1].resources.partition: unknown partition"),
+    ("{resources.partition: [debug, cpu]}", "axes.resources.partition: element 1"),
+    ("{'train.lr; touch CANARY': [1]}", "axes.'train.lr; touch CANARY': not a dotted job key"),
+    ('{train.checkpoint.dir: ["x\\n#SBATCH -p other"]}', "newline and NUL characters are not allowed"),
+    ("{train.lr: [1e400]}", "not a finite number"),
+    ("{train.seed: [4294967296]}", "elements[0].train.seed: 4294967296 is above the maximum"),
+    ("{train.model: ['$(touch CANARY)']}", "elements[0].train.model: '$(touch CANARY)' is not valid"),
+    ("{train.lr: *x}", "sweep.yaml:4: "),
+])
+def test_hostile_sweep_files_are_refused_in_one_line(work, axes, message):
+    (work / "job.yaml").write_text(SWEEP_BASE)
+    path = work / "sweep.yaml"
+    path.write_text(f"name: s\nbase: job.yaml\n# axes\naxes: {axes}\n")
+    result = cli("sweep", "run", str(path), "--dry-run", "--profile", PROFILE)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}"), lines
+    assert message in lines[0], lines[0]
+    assert not list(work.rglob("CANARY")) and not (work / "sweeps").exists()
+
+
+def test_a_hostile_value_that_only_reaches_job_json_stays_there(work):
+    """Free text an element's job.json holds (a checkpoint directory) is the same script for
+    every element, and the array's script never spells it."""
+    (work / "job.yaml").write_text(SWEEP_BASE)
+    path = work / "sweep.yaml"
+    evil = ["$(touch CANARY)", "x #SBATCH --partition=other", "' ; touch CANARY '"]
+    path.write_text("name: s\nbase: job.yaml\naxes:\n  train.checkpoint.dir:\n"
+                    + "".join(f"  - {json.dumps(v)}\n" for v in evil))
+    result = cli("sweep", "run", str(path), "--dry-run", "--json", "--profile", PROFILE)
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.output[result.output.index("{"):])
+    assert all("CANARY" not in line for line in planned["script"].splitlines())
+    from hpcsuite.submit.sbatch_header import parse_header
+
+    assert {o.name: o.value for o in parse_header(planned["script"])}["partition"] == "debug"
+    assert [e["values"]["train.checkpoint.dir"] for e in planned["elements"]] == evil

@@ -23,7 +23,8 @@ print("\\nHEAVY=" + json.dumps(heavy))
 COMMANDS = [
     ["--help"], ["render", "--help"], ["submit", "--help"], ["status", "--help"],
     ["logs", "--help"], ["cancel", "--help"], ["runs", "--help"], ["cluster", "--help"],
-    ["cluster", "status", "--help"],
+    ["cluster", "status", "--help"], ["sweep", "--help"], ["sweep", "run", "--help"],
+    ["sweep", "report", "--help"],
     ["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
     ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"],
 ]

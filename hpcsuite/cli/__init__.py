@@ -143,6 +143,7 @@ set_option = click.option(
 from . import commands, cluster_cmd, config_cmd, templates_cmd  # noqa: E402,F401  (registers the commands)
 from . import bench_cmd  # noqa: E402,F401  (hpcsuite bench)
 from . import study_cmd  # noqa: E402,F401
+from . import sweep_cmd  # noqa: E402,F401  (hpcsuite sweep)
 
 
 @main.command()

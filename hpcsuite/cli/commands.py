@@ -162,7 +162,8 @@ def status(run, as_json):
 @click.option("-n", "--last", type=int, default=20, show_default=True,
               help="Only the last N runs (0: all).")
 def runs(as_json, last):
-    """List the runs submitted from this directory, newest last, with their state.
+    """List the runs submitted from this directory, newest last, with their state; a sweep's
+    job array is one line (NAME [elements]) followed by its elements (ARRAYID_INDEX).
 
     The registry is .hpcsuite/runs.jsonl here; states, exit codes and MaxRSS come from one
     sacct call for all the runs where the cluster keeps accounting, else from one squeue call
@@ -171,17 +172,20 @@ def runs(as_json, last):
     from ..runner import describe_many
 
     entries = registry.load(Path.cwd())
-    rows = [r.row() for r in describe_many(entries[-last:] if last else entries)]
+    rows = [r.row() for r in describe_many(registry.expand(entries[-last:] if last else entries))]
     if as_json:
         emit_json(rows)
         return
     if not rows:
         click.echo(f"no runs submitted from {Path.cwd()}")
         return
-    click.echo(f"{'JOB':>8}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'EXIT':>5} "
+    click.echo(f"{'JOB':>10}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'EXIT':>5} "
                f"{'MAXRSS':>7} {'STEP':>7}  {'SUBMITTED':<19}  RUN DIR")
     for r in rows:
-        click.echo(f"{r['job_id']:>8}  {(r['name'] or '')[:20]:<20} {r['state']:<11} "
+        name = r["name"] or ""
+        if r.get("array"):          # a sweep's job array, its elements on the lines below it
+            name = f"{name} [{len(r['array']['indices'])}]"
+        click.echo(f"{r['job_id']:>10}  {name[:20]:<20} {r['state']:<11} "
                    f"{r['elapsed'] or '-':>10} {r['exit_code'] or '-':>5} {r['max_rss'] or '-':>7} "
                    f"{r['step'] if r['step'] is not None else '-':>7}  "
                    f"{r['submitted_at'] or '':<19}  {r['run_dir']}")

@@ -45,12 +45,13 @@ def check(resolved, base: Path | None = None, against_slurm: bool = False) -> li
 
 def prepare(spec: str, profile_path: str | None = None, template_dir: str | None = None,
             sets=(), against_slurm: bool = False, cwd: Path | None = None,
-            after: tuple[str, ...] = ()) -> Prepared:
+            after: tuple[str, ...] = (), array=None) -> Prepared:
     """Resolve, lint and plan SPEC. ``cwd``: the directory the spec's relative paths and the
     job's submission start from (default: here). ``after``: dependencies beyond the spec's
     (``submit --after``); names become job ids, and with ``against_slurm`` each is checked
-    against Slurm. Raises :class:`LintFailed` on errors; a UserError raised by planning
-    carries the lint's ``warnings`` too."""
+    against Slurm. ``array``: plan it as a job array's script
+    (:class:`~hpcsuite.submit.plan.ArrayPlan`). Raises :class:`LintFailed` on errors; a
+    UserError raised by planning carries the lint's ``warnings`` too."""
     from ..submit.config import resolve
     from ..submit.plan import plan
     from ..submit.templating import SearchPath
@@ -66,8 +67,8 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
         job = r.job
         if job.after or after:
             job, notes = with_dependencies(job, after, spec, cwd or Path.cwd(), against_slurm)
-        path = SearchPath.default(template_dir, site_only="template" in r.locks)
-        request = plan(job, r.profile, path, r.locks)
+        path = SearchPath.default(template_dir, cwd, site_only="template" in r.locks)
+        request = plan(job, r.profile, path, r.locks, array)
     except UserError as e:
         e.warnings = warnings
         raise

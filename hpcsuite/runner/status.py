@@ -134,10 +134,12 @@ class StatusRecord(Record):
         return out
 
     def row(self) -> dict:
-        """One row of `runs` (and `runs --json`)."""
+        """One row of `runs` (and `runs --json`); a job array's row has ``array`` (its sweep,
+        sweep directory and indices) and its elements' rows ``array_job_id`` and ``index``."""
         s, e = self.state, self.entry or {}
-        return {"job_id": self.job_id, "name": e.get("name"),
-                "state": s.state if s else "UNKNOWN",
+        extra = {k: e[k] for k in ("array", "array_job_id", "index") if k in e}
+        return {"job_id": self.job_id, "name": e.get("name"), **extra,
+                "state": s.state if s else ("ARRAY" if e.get("array") else "UNKNOWN"),
                 "elapsed": s.elapsed if s else None, "exit_code": s.exit_code if s else None,
                 "max_rss": s.max_rss if s else None, "restarts": s.restarts if s else None,
                 "source": s.source if s else None, "step": (self.progress or {}).get("step"),
@@ -164,6 +166,11 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
     from ..runs.results import Results, read_progress
 
     job_id, entry = registry.locate(Path(workdir or Path.cwd()), run)
+    if entry is not None and entry.get("array"):
+        array = entry["array"]
+        raise UserError(f"job {job_id} is a job array of {len(array['indices'])} element(s) "
+                        f"(sweep {array.get('sweep')}): `hpcsuite status {job_id}_INDEX` shows "
+                        f"one, `hpcsuite sweep status {array.get('sweep_dir')}` all of them")
     state = jobs.query(job_id)
     if entry is None and state.workdir:     # a job id from elsewhere: where it was submitted
         try:
@@ -193,5 +200,6 @@ def describe_many(entries: list[dict], query=None) -> list[StatusRecord]:
     if query is None:
         from ..runs.jobs import query_many as query
 
-    states = query([e["job_id"] for e in entries]) if entries else {}
+    ids = [e["job_id"] for e in entries if not e.get("array")]   # an array: its elements
+    states = query(ids) if ids else {}
     return [StatusRecord.of_entry(e, states.get(e["job_id"])) for e in entries]

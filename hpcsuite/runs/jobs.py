@@ -8,6 +8,7 @@ the job completion log (``jobcomp/filetxt``) when the controller has forgotten i
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,11 +47,21 @@ class JobState:
         return dict(self.__dict__)
 
 
+# A job id, or an element of a job array as Slurm names it (ARRAYID_INDEX: squeue, sacct,
+# scontrol and scancel all take it).
+_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,7})?")
+
+
+def is_job_id(text: str) -> bool:
+    return bool(_JOB_ID.fullmatch(text)) and text.isascii()
+
+
 def _check_id(job_id: str) -> str:
-    if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 12):
+    if not is_job_id(job_id):
         from ..errors import show
 
-        raise UserError(f"job id must be a number, got {show(job_id)}")
+        raise UserError(f"job id must be a number (or ARRAYID_INDEX for an element of a job "
+                        f"array), got {show(job_id)}")
     return job_id
 
 
@@ -96,7 +107,8 @@ def query_many(job_ids: list[str]) -> dict[str, JobState]:
     rest = [j for j in ids if j not in found]
     for start in range(0, len(rest), 200):
         chunk = rest[start:start + 200]
-        done = slurm.call(["squeue", "-h", "--states=all", "-j", ",".join(chunk),
+        # -r: an array's pending elements one per line (ARRAYID_INDEX), not folded into one
+        done = slurm.call(["squeue", "-h", "-r", "--states=all", "-j", ",".join(chunk),
                            "-o", "%i|%T|%M|%r"], check=False, timeout=30)
         if done.returncode != 0:
             if "invalid job id" in done.stderr.lower():
@@ -152,7 +164,7 @@ def parse_sacct(stdout: str, wanted: set[str] | None = None) -> dict[str, JobSta
         if len(parts) != len(SACCT_FIELDS):
             continue
         job, _, step = parts[0].partition(".")
-        if not job.isdigit() or (wanted is not None and job not in wanted):
+        if not is_job_id(job) or (wanted is not None and job not in wanted):
             continue
         if step:
             rss = _bytes(parts[4])

@@ -5,6 +5,10 @@ again days later, after Slurm has forgotten the jobs. Each submit appends one JS
 an exclusive lock (``flock``): many submits at once never interleave or lose a line. What the
 line points at (the rendered script, the resolved job and profile) lives in the run directory;
 the line itself stays small.
+
+A job array (``hpcsuite sweep``) is one line with ``array: {sweep, sweep_dir, indices}`` and
+``run_dir`` its run root; its elements are not lines of their own: :func:`elements` derives
+each one's entry (Slurm's id ``ARRAYID_INDEX``, its run directory), and :func:`find` knows them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import UserError
-from .rundir import RunDir
+from .rundir import RunDir, RunRoot, element_id
 
 DIRNAME = ".hpcsuite"
 FILENAME = "runs.jsonl"
@@ -83,16 +87,48 @@ def load(workdir: str | Path) -> list[dict]:
         except (json.JSONDecodeError, UnicodeDecodeError):
             entry = None
         if not isinstance(entry, dict) or not isinstance(entry.get("job_id"), str) \
-                or not isinstance(entry.get("run_dir"), str):
+                or not isinstance(entry.get("run_dir"), str) or not _array_ok(entry):
             raise UserError(f"{path}:{number}: not a run record (the file is damaged); remove "
                             "that line to go on")
         runs.append(entry)
     return runs
 
 
+def _array_ok(entry: dict) -> bool:
+    array = entry.get("array")
+    if array is None:
+        return True
+    indices = array.get("indices") if isinstance(array, dict) else None
+    return isinstance(indices, list) and all(type(i) is int and 0 <= i < 10**7 for i in indices)
+
+
+def elements(entry: dict) -> list[dict]:
+    """The entries of a job array's elements ([] for a plain job): each with the id Slurm shows
+    for it (``ARRAYID_INDEX``), its run directory, its index and the array's id."""
+    array = entry.get("array")
+    if not array:
+        return []
+    root = RunRoot(entry["run_dir"])
+    shared = {k: entry.get(k) for k in ("name", "spec", "spec_digest", "template", "script",
+                                         "git", "submitted_at")}
+    out = []
+    for index in array["indices"]:
+        job_id = element_id(entry["job_id"], index)
+        out.append({**shared, "job_id": job_id, "run_dir": str(root.run(job_id).path),
+                    "array_job_id": entry["job_id"], "index": index,
+                    "sweep": array.get("sweep")})
+    return out
+
+
+def expand(entries: list[dict]) -> list[dict]:
+    """``entries`` with each job array followed by its elements."""
+    return [e for entry in entries for e in (entry, *elements(entry))]
+
+
 def find(workdir: str | Path, run: str) -> dict | None:
-    """The run ``run`` names: a job id, a run directory, or a job name (its latest run)."""
-    runs = load(workdir)
+    """The run ``run`` names: a job id (an array's element: ARRAYID_INDEX), a run directory,
+    or a job name (its latest run)."""
+    runs = expand(load(workdir))
     for entry in reversed(runs):
         if run in (entry["job_id"], entry["run_dir"]):
             return entry
@@ -103,7 +139,8 @@ def find(workdir: str | Path, run: str) -> dict | None:
             if str(Path(entry["run_dir"]).resolve()) == resolved:
                 return entry
     for entry in reversed(runs):
-        if entry.get("name") == run:
+        # a name is a plain job's: a sweep's elements are named by id (`hpcsuite sweep status`)
+        if entry.get("name") == run and not entry.get("array") and "array_job_id" not in entry:
             return entry
     return None
 

@@ -30,6 +30,10 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
                                          in one log directory (train.monitor.tensorboard)
             allreduce.json allreduce.csv the allreduce benchmark's report (hpcsuite bench)
             loss.png throughput.png ...  `hpcsuite report`
+        ARRAYID_INDEX/                   RunDir of an element of a job array (``hpcsuite sweep``),
+                                         named as Slurm names the element (element_id): a
+                                         run's files, its job.json copied from the sweep
+                                         directory (which keeps the script and submit record)
 
 The names of files that belong to an attempt or a rank are built by the ``*_name`` functions;
 the batch template gets them built with the shell's attempt number (:data:`SHELL_ATTEMPT`), so
@@ -74,7 +78,11 @@ UTILISATION_PLOT = "utilisation.png"
 METRICS_PLOT = "metrics.png"
 REPORT_PLOTS = (LOSS_PLOT, THROUGHPUT_PLOT, UTILISATION_PLOT, METRICS_PLOT)
 # in the run root
-SLURM_LOG = "slurm-{job_id}.out"          # sbatch's --output spells %j for the id
+SLURM_LOG = "slurm-{job_id}.out"          # sbatch's --output spells %j for the id (%A_%a in an array)
+# The run directory's name as the batch shell spells it: the job id, or for an element of a
+# job array the id Slurm shows for it (squeue, sacct, scontrol: ARRAYID_INDEX).
+SHELL_RUN_NAME = '"$SLURM_JOB_ID"'
+SHELL_ELEMENT_NAME = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
 CHECKPOINTS = "checkpoints"
 LOCAL = "local"
 
@@ -141,9 +149,21 @@ def run_root(output_dir: str, name: str) -> str:
     return f"{output_dir.rstrip('/')}/{name}"
 
 
-def slurm_log_pattern(run_root: str) -> str:
-    """The ``#SBATCH --output`` value: Slurm puts the job id where ``%j`` stands."""
-    return f"{run_root}/{SLURM_LOG.format(job_id='%j')}"
+def slurm_log_pattern(run_root: str, array: bool = False) -> str:
+    """The ``#SBATCH --output`` value: Slurm puts the job id where ``%j`` stands (an array's
+    element: its array's id and its index, ``%A_%a``, its element id)."""
+    return f"{run_root}/{SLURM_LOG.format(job_id='%A_%a' if array else '%j')}"
+
+
+def shell_run_name(array: bool = False) -> str:
+    """The run directory's name in the batch script (a double-quoted shell word)."""
+    return SHELL_ELEMENT_NAME if array else SHELL_RUN_NAME
+
+
+def element_id(array_job_id: str, index: int) -> str:
+    """The id Slurm shows for element ``index`` of job array ``array_job_id``, and the name of
+    that element's run directory: ``123_4``."""
+    return f"{array_job_id}_{index}"
 
 
 @dataclass(frozen=True)

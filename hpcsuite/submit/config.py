@@ -38,7 +38,7 @@ LAYER_EXTRAS = ("defaults", "env", "locked")
 SYSTEM_DIR = Path("/etc/hpcsuite")
 # Profile keys that describe the cluster: once a site profile is in force, only it sets them.
 SITE_ONLY = ("name", "contact", "pinned", "allow_unlimited_time", "module_init", "partitions",
-             "mpi", "sbatch_allowed", "container")
+             "mpi", "sbatch_allowed", "container", "sweep_max_parallel")
 # Profile lists that later layers add to and never replace: the site's lines always run.
 APPENDED = ("modules", "module_paths", "setup")
 

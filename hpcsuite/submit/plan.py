@@ -45,6 +45,16 @@ def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:
 
 
 @record
+class ArrayPlan(Record):
+    """A job array (``hpcsuite sweep``): one script, ``--array=SPEC``; element I runs the job
+    hpcsuite wrote to ``ELEMENTS/I/job.json`` (the template copies it into its run directory)."""
+
+    spec: str                         # sbatch --array: 0-9%4, or one index (a resubmission)
+    elements: str                     # absolute directory of the elements' job.json
+    digest: str                       # the digest of every element's job together
+
+
+@record
 class BatchRequest(Record):
     """Everything `submit` needs; its repr is the script, so --dry-run shows the truth."""
 
@@ -56,6 +66,7 @@ class BatchRequest(Record):
     workdir: str = field(default_factory=os.getcwd)
     spec: str | None = None           # the spec file submitted (for the run registry)
     profile: dict = field(default_factory=dict)   # the resolved site profile
+    array: ArrayPlan | None = None    # a job array's, when the script runs one
 
     def __repr__(self) -> str:
         return self.script
@@ -65,16 +76,17 @@ class BatchRequest(Record):
                 "run_root": self.run_root, "template": self.template, "workdir": self.workdir}
 
 
-# The job keys that become #SBATCH options: key -> (option, its value for a job).
+# The job keys that become #SBATCH options: key -> (option, its value for a job; ``log``:
+# the --output pattern).
 HEADER_KEYS = {
-    "name": ("job-name", lambda job, root: job.name),
-    "resources.nodes": ("nodes", lambda job, root: str(job.resources.nodes)),
-    "resources.tasks_per_node": ("ntasks-per-node", lambda job, root: str(job.resources.tasks_per_node)),
-    "resources.cpus_per_task": ("cpus-per-task", lambda job, root: str(job.resources.cpus_per_task)),
-    "resources.time": ("time", lambda job, root: job.resources.time),
-    "resources.partition": ("partition", lambda job, root: job.resources.partition),
-    "resources.mem": ("mem", lambda job, root: job.resources.mem),
-    "output_dir": ("output", lambda job, root: rundir.slurm_log_pattern(root)),
+    "name": ("job-name", lambda job, log: job.name),
+    "resources.nodes": ("nodes", lambda job, log: str(job.resources.nodes)),
+    "resources.tasks_per_node": ("ntasks-per-node", lambda job, log: str(job.resources.tasks_per_node)),
+    "resources.cpus_per_task": ("cpus-per-task", lambda job, log: str(job.resources.cpus_per_task)),
+    "resources.time": ("time", lambda job, log: job.resources.time),
+    "resources.partition": ("partition", lambda job, log: job.resources.partition),
+    "resources.mem": ("mem", lambda job, log: job.resources.mem),
+    "output_dir": ("output", lambda job, log: log),
 }
 PARTITION_OPTIONS = ("account", "qos", "reservation", "constraint")
 # The resources keys behind Resources.sbatch_options (extra_sbatch: one key per option).
@@ -161,15 +173,21 @@ def check_allowed(found: dict, partition, partition_name: str | None, source: st
 
 
 def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
-                  run_root: str) -> tuple[dict[str, str | None], dict[str, str]]:
-    """The #SBATCH options the site decides, with the value each must have, and why."""
+                  run_root: str, array: ArrayPlan | None = None
+                  ) -> tuple[dict[str, str | None], dict[str, str]]:
+    """The #SBATCH options the site decides, with the value each must have, and why; and
+    ``--array``, which hpcsuite alone writes: exactly the sweep's, or none."""
     fixed: dict[str, str | None] = {}
     why: dict[str, str] = {}
+    log = rundir.slurm_log_pattern(run_root, array is not None)
     for key, (option, value) in HEADER_KEYS.items():
         lock = next((l for l in locks if key == l or key.startswith(l + ".")), None)
         if lock:
-            fixed[option] = value(job, run_root)
+            fixed[option] = value(job, log)
             why[option] = f"the site locks {lock}"
+    fixed["array"] = array.spec if array else None
+    why["array"] = ("hpcsuite writes it for the sweep's elements" if array else
+                    "hpcsuite submits one job here; `hpcsuite sweep` submits job arrays")
     partition = profile.partitions.get(job.resources.partition or "")
     for option in PARTITION_OPTIONS if partition else ():
         if getattr(partition, option):
@@ -183,11 +201,11 @@ def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
 
 
 def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
-                 run_root: str, source: str) -> None:
+                 run_root: str, source: str, array: ArrayPlan | None = None) -> None:
     """Read the rendered header as sbatch will and refuse what breaks the site's rules."""
     from .lint import walltime_seconds
 
-    fixed, why = fixed_options(job, profile, locks, run_root)
+    fixed, why = fixed_options(job, profile, locks, run_root, array)
     found = check_fixed(script, fixed, source, why)
     got = found.get("time")
     partition_name = found["partition"].value if "partition" in found else job.resources.partition
@@ -209,8 +227,10 @@ def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[s
 
 
 def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
-         locks: tuple[str, ...] = ()) -> BatchRequest:
-    """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks)."""
+         locks: tuple[str, ...] = (), array: ArrayPlan | None = None) -> BatchRequest:
+    """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks);
+    ``array``: render it as a job array whose elements' jobs hpcsuite has written (every
+    element's script must then come out the same: :mod:`hpcsuite.sweep` checks)."""
     environment = {**horovod_environment(job), **mpi_environment(job, profile), **job.env}
     args = ["-m", "hpcsuite", "train", "--job", Raw(rundir.in_shell(rundir.JOB))]
     container = ContainerLaunch(command=(profile.interpreter(), *args))
@@ -230,8 +250,10 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "sbatch_options": header_options(job, partition, profile.gpu_request),
         "version": __version__,
         "template_name": job.template,
-        "digest": job.digest(),
-        "paths": {"run_root": run_root, "log": rundir.slurm_log_pattern(run_root)},
+        "digest": array.digest if array else job.digest(),
+        "paths": {"run_root": run_root, "log": rundir.slurm_log_pattern(run_root, bool(array)),
+                  "run_name": Raw(rundir.shell_run_name(bool(array)))},
+        "array": {"spec": array.spec, "elements": array.elements} if array else None,
         "rundir": {key: Raw(name) for key, name in rundir.RunDir.template_names().items()},
         "module_init": Raw(profile.module_init) if profile.module_init else None,
         "module_paths": list(profile.module_paths),
@@ -249,11 +271,12 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "world_size": job.resources.nodes * job.resources.tasks_per_node,
     }
     script = render(path, job.template, context)
-    check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)")
+    check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)", array)
     from .schema import to_dict
 
     return BatchRequest(job=job, script=script, sbatch_argv=["sbatch", "--parsable"],
-                        run_root=run_root, template=str(template_file), profile=to_dict(profile))
+                        run_root=run_root, template=str(template_file), profile=to_dict(profile),
+                        array=array)
 
 
 @record
@@ -263,21 +286,27 @@ class Submitted(Record):
     script_path: str
 
 
-def submit(request: BatchRequest) -> Submitted:
-    """Write the script, call sbatch from the work directory, record what was submitted."""
+def sbatch(request: BatchRequest, staged: Path) -> str:
+    """Write the script to ``staged``, call sbatch on it from the work directory (SBATCH_*
+    stripped from the environment), and return the job id; the file is removed if sbatch fails."""
     from .. import slurm
-    root = rundir.RunRoot(Path(request.workdir) / request.run_root)
-    root.path.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    staged = root.staged_script(stamp)
+
     staged.write_text(request.script)
     try:
         done = slurm.call([*request.sbatch_argv, str(staged)], cwd=request.workdir,
                           env=slurm.slurm_env(strip_sbatch=True), timeout=60)
-        job_id = slurm.parse_sbatch_parsable(done.stdout)
+        return slurm.parse_sbatch_parsable(done.stdout)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
+
+
+def submit(request: BatchRequest) -> Submitted:
+    """Write the script, call sbatch from the work directory, record what was submitted."""
+    root = rundir.RunRoot(Path(request.workdir) / request.run_root)
+    root.path.mkdir(parents=True, exist_ok=True)
+    staged = root.staged_script(dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f"))
+    job_id = sbatch(request, staged)
     run = root.run(job_id)
     run_dir = run.path
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,8 @@ REFUSED_OPTIONS = {
     "input": "ranks read no standard input", "export": "hpcsuite exports the job's environment",
     "export-file": "hpcsuite exports the job's environment",
     "get-user-env": "hpcsuite exports the job's environment", "uid": "root only", "gid": "root only",
-    "array": "hpcsuite runs one job per submit (studies submit many)",
+    "array": "hpcsuite writes it for `hpcsuite sweep`, limited by the profile's "
+             "sweep_max_parallel",
     "help": "not a job option", "usage": "not a job option", "version": "not a job option",
     "parsable": "not a job option", "test-only": "not a job option", "wait": "submit --wait waits",
     "batch": "not a job option", "ignore-pbs": "not a job option", "no-requeue":
@@ -188,6 +189,9 @@ class SiteProfile(Record):
         "sbatch long options users may pass with resources.extra_sbatch, e.g. [licenses, "
         "reservation]", pattern=r"[a-z][a-z0-9-]{0,63}",
         pattern_help="an sbatch long option name without --", check=sbatch_allowed_problem))
+    sweep_max_parallel: int = field(default=4, metadata=_m(
+        "elements of one sweep (a job array) that run at once: the default of a sweep's "
+        "max_parallel and its ceiling (sbatch --array=...%K)", min=1, max=10000))
 
     def interpreter(self) -> str:
         return self.python or sys.executable
