@@ -122,3 +122,16 @@ def test_config_show_origin_cli(layers):
     assert lines["site.name"].split()[1] == '"uni"'
     data = json.loads(CliRunner().invoke(main, ["config", "show", "--json"]).output)
     assert data["job"]["resources"]["partition"] == "batch" and data["site"]["name"] == "uni"
+
+
+def test_set_names_one_entry_of_a_mapping(layers):
+    """--set env.NAME, train.model_args.NAME and train.data.args.NAME add to the mapping;
+    other mappings' entries and bad names are refused naming the key."""
+    layers["spec"].write_text("name: j\ntrain: {model: net.py:build, model_args: {depth: 2}, "
+                              "data: {kind: python, factory: d.py:f, args: {part: train}}}\n")
+    r = resolve(str(layers["spec"]), sets=["train.model_args.hidden=16", "train.data.args.n=3"])
+    assert r.job.train.model_args == {"depth": 2, "hidden": 16}
+    assert r.job.train.data.args == {"part": "train", "n": 3}
+    for bad in ("train.model_args.2x=1", "resources.binding.x=1", "train.optimizer.betas.0=1"):
+        with pytest.raises(UserError, match=r"^--set: "):
+            resolve(str(layers["spec"]), sets=[bad])

@@ -119,3 +119,13 @@ def test_what_a_partition_can_never_give_is_named_by_key():
     job = spec_from_dict({"name": "x", "resources": {"partition": "gpux"}}, "x.yaml")
     (f,) = cluster_findings(job, None, ["cpu", "gpu"])
     assert f.key == "resources.partition" and 'did you mean "gpu"' in f.message
+
+
+def test_model_args_need_a_user_builder(tmp_path):
+    from hpcsuite.submit.lint import lint
+    from hpcsuite.submit.site_profile import SiteProfile
+    from hpcsuite.submit.spec import spec_from_dict
+
+    job = spec_from_dict({"name": "m", "train": {"model": "mlp", "model_args": {"h": 1}}}, "t")
+    assert [(f.key, f.level) for f in lint(job, SiteProfile(), tmp_path)
+            if f.key == "train.model_args"] == [("train.model_args", "error")]

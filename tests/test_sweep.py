@@ -353,3 +353,19 @@ def test_a_sweep_directory_is_never_overwritten(work):
     job = json.loads(planned.sd.element_job(3).read_text())
     assert (job["train"]["lr"], job["train"]["seed"], job["name"]) == (0.1, 1, "grid")
     assert SweepDir(planned.sd.path).elements()[3].sets == ["train.lr=0.1", "train.seed=1"]
+
+
+def test_model_and_data_arguments_are_axes(work):
+    """Model arguments (train.model_args.NAME, for a FILE.py:function builder) and a data
+    factory's (train.data.args.NAME) vary like any key; the rest of the mapping stays."""
+    (work / "net.py").write_text("def build(shape, classes, hidden=8, depth=1): pass\n")
+    (work / "job.yaml").write_text(BASE.replace("  model: mlp\n", "  model: net.py:build\n"
+                                                "  model_args: {depth: 2}\n"))
+    planned = sw.plan_sweep(write(work, "name: m\nbase: job.yaml\naxes:\n"
+                                        "  train.model_args.hidden: [16, 32]\n"), against_slurm=False)
+    assert [j.train.model_args for j in planned.jobs] == [{"depth": 2, "hidden": 16},
+                                                          {"depth": 2, "hidden": 32}]
+    (work / "job.yaml").write_text(BASE)            # the built-in mlp takes no arguments
+    with pytest.raises(UserError, match=r"elements\[0\].train.model_args: .*built-in model 'mlp'"):
+        sw.plan_sweep(write(work, "name: b\nbase: job.yaml\naxes:\n"
+                                  "  train.model_args.hidden: [16]\n"), against_slurm=False)

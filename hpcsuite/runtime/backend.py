@@ -40,7 +40,8 @@ class HorovodBackend:
                             "labels (use cross_entropy)")
 
     def make_model(self, data):
-        """The built-in model or the user's builder, called with (input shape, classes)."""
+        """The built-in model or the user's builder, called with (input shape, classes) and
+        train.model_args."""
         from .. import models, usercode
 
         ref = usercode.parse(self.t.model)
@@ -52,7 +53,7 @@ class HorovodBackend:
             return models.build(self.t.model, self.name, tuple(data.shape), data.classes)
         with usercode.blame("train.model", self.t.model):
             builder = usercode.load(ref, usercode.search_dirs(self.t.pythonpath))
-            return builder(tuple(data.shape), target)
+            return builder(tuple(data.shape), target, **self.t.model_args)
 
     def user_loss(self):
         from .. import usercode

@@ -39,6 +39,8 @@ SYSTEM_DIR = Path("/etc/hpcsuite")
 # Profile keys that describe the cluster: once a site profile is in force, only it sets them.
 SITE_ONLY = ("name", "contact", "pinned", "allow_unlimited_time", "module_init", "partitions",
              "mpi", "sbatch_allowed", "container", "sweep_max_parallel")
+# Job keys that are mappings of names: `--set` (and a sweep's axes) may name one entry.
+MAPPINGS = ("env.", "train.model_args.", "train.data.args.")
 # Profile lists that later layers add to and never replace: the site's lines always run.
 APPENDED = ("modules", "module_paths", "setup")
 
@@ -183,7 +185,7 @@ def load_profile_layer(name: str, path: str, site: str | None = None) -> Layer:
 
 def check_job_key(key: str, source: str, where: str) -> None:
     valid = key_paths(JobSpec)
-    if key in valid or (key.startswith("env.") and key[4:].isidentifier()):
+    if key in valid or any(key.startswith(m) and key[len(m):].isidentifier() for m in MAPPINGS):
         return
     option = key[len("resources.extra_sbatch."):]
     if key.startswith("resources.extra_sbatch.") and option.replace("-", "").isalnum():

@@ -66,6 +66,11 @@ def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
         script = Path(t.script) if Path(t.script).is_absolute() else (base or Path.cwd()) / t.script
         if not script.is_file():
             out.append(Finding("error", "train.script", f"{t.script}: no such file (in {script.parent})"))
+    if t.model_args and (usercode.parse(t.model) is None or t.script is not None):
+        why = "script mode builds its own model" if t.script is not None else \
+            f"the built-in model {t.model!r} takes none"
+        out.append(Finding("error", "train.model_args", f"arguments for a FILE.py:function "
+                                                       f"model builder; {why}"))
     data_needs = {"python": ("factory", "a FILE.py:function"), "npy": ("path", "a directory"),
                   "hdf5": ("path", "an .h5 file")}
     for key, data in (("train.data", t.data), ("train.eval.data", t.eval.data if t.eval else None)):

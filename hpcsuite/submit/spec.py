@@ -248,6 +248,11 @@ class Train(Record):
         "called as function(input_shape, classes) (classes: the target shape for mse)",
         pattern=rf"[a-z][a-z0-9_]*|{USER_REF}",
         pattern_help=f"a model name from models/ or {USER_REF_HELP}"))
+    model_args: dict[str, Any] = field(default_factory=dict, metadata=_m(
+        "keyword arguments for a FILE.py:function model builder, called as "
+        "function(input_shape, classes, **model_args) (a sweep can vary them: "
+        "train.model_args.NAME)", key_pattern=r"[A-Za-z_][A-Za-z0-9_]{0,63}",
+        key_help="not a Python argument name"))
     pythonpath: list[str] = field(default_factory=list, metadata=_m(
         "directories (relative to the submit directory) searched for user code, after the "
         "submit directory itself", nonempty=True))
