@@ -54,12 +54,15 @@ class Fabric:
     """The network between nodes, and the link between the GPUs of one node. ``two_level``:
     the site runs a ring inside each node and a ring across nodes (Horovod's hierarchical
     allreduce); otherwise one flat ring over every GPU. ``intra`` None: the GPUs of a node talk
-    over the same kind of link as the nodes do (the conservative assumption)."""
+    over the same kind of link as the nodes do (the conservative assumption).
+    ``base_latency_us``: paid once by every allreduce, NCCL's for the presets; 0 for a fabric
+    fitted to measured allreduces, whose per-step latency already holds all of it."""
 
     name: str
     inter: Link
     intra: Link | None = None
     two_level: bool = False
+    base_latency_us: float = BASE_LATENCY_US
 
     def intra_link(self) -> Link:
         return self.intra or self.inter

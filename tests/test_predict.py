@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hpcsuite.cli import main
 from hpcsuite.fabrics import BASE_LATENCY_US, Fabric, Link, PRESETS, from_profile
 from hpcsuite.study.predict import (MiB, Knobs, Workload, allreduce_s, allreduces, point,
-                                    predict, step_s)
+                                    predict, steady_step_s, step_s)
 
 BASE = BASE_LATENCY_US * 1e-6          # 8.4 us, paid once by every allreduce
 ONE_GB = Fabric("test", Link(1.0, 0.0))                  # 1 GB/s, no per-step latency
@@ -182,3 +182,32 @@ def test_a_bad_site_fabric_names_its_key(tmp_path, text, message):
     r = run("--params", "5", "--step-ms", "3", "--nodes", "2", profile=profile)
     assert r.exit_code == 2
     assert f"error: {profile}: {message}" in r.output, r.output
+
+
+def test_a_fitted_fabric_pays_no_base_latency():
+    # 1e9 bytes over 2 ranks at 1 GB/s plus 2 ring steps of 10 us: nothing per allreduce.
+    fitted = Fabric("fit", Link(1.0, 10.0), base_latency_us=0.0)
+    assert allreduce_s(G, 2, 1, fitted, False) == pytest.approx(1.0 + 20e-6, rel=1e-12)
+
+
+def test_steps_back_to_back_lock_to_the_cycle():
+    # Compute 1.2 s, then an allreduce of 0.2 s (2e8 bytes at 1 GB/s), cycle 1 s. The first
+    # step starts on a tick: ready at 1.2, sent at the 2.0 tick, done at 2.2 (step_s). The
+    # next starts at 2.2, 0.2 s after its cycle began: its ticks fall 0.8, 1.8, ... after its
+    # start, so it sends at 1.8 and ends at 2.0: whole cycles from then on.
+    w = Workload(2e8, 1.2, 64, backward_fraction=0.0)
+    fabric = Fabric("fit", Link(1.0, 0.0), base_latency_us=0.0)
+    k = Knobs(cycle_ms=1000.0, fusion_mb=4096.0)
+    assert step_s(w, 2, 1, fabric, k) == pytest.approx(2.2, rel=1e-12)
+    assert step_s(w, 2, 1, fabric, k, phase_s=0.8) == pytest.approx(2.0, rel=1e-12)
+    assert steady_step_s(w, 2, 1, fabric, k) == pytest.approx(2.0, rel=1e-12)
+    # A half-second cycle: 1.4 s of work rounds up to 3 cycles.
+    assert steady_step_s(w, 2, 1, fabric, Knobs(cycle_ms=500.0, fusion_mb=4096.0)) == \
+        pytest.approx(1.5, rel=1e-12)
+    # An allreduce longer than a cycle: the next cycle starts when it ends, i.e. with the
+    # next step; its gradients wait for the tick after the computation: ceil(1.2) + 1.5.
+    long = Workload(1.5e9, 1.2, 64, backward_fraction=0.0)
+    assert steady_step_s(long, 2, 1, fabric, k) == pytest.approx(3.5, rel=1e-12)
+    # No cycle: the same as one step.
+    assert steady_step_s(w, 2, 1, fabric, Knobs(cycle_ms=0.0, fusion_mb=4096.0)) == \
+        pytest.approx(1.4, rel=1e-12)

@@ -29,7 +29,7 @@ def explain(row: dict, model, mpi=None) -> dict | None:
     results = row.get("results")
     if model is None or results is None or row["ranks"] < 2 or not row["step_s"]["median"]:
         return None
-    knobs = _knobs(row["axes"])
+    knobs = horovod_knobs(row["axes"])
     n = row["ranks"]
     nbytes = results.get("gradient_bytes", 0) * (0.5 if knobs["compression"] == "fp16" else 1)
     fusion = knobs["fusion_threshold_mb"] * 1024 * 1024
@@ -53,8 +53,9 @@ def explain(row: dict, model, mpi=None) -> dict | None:
     return out
 
 
-def _knobs(axes: dict) -> dict:
-    """The Horovod knobs a configuration ran with: the job spec's defaults, then its axes."""
+def horovod_knobs(axes: dict) -> dict:
+    """The Horovod knobs a configuration ran with: the job spec's defaults, then its axes
+    (what a study knows of them without the job's own job.json)."""
     from ..submit.spec import HorovodKnobs
 
     return {**{f: getattr(HorovodKnobs(), f) for f in ("compression", "fusion_threshold_mb",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..fabrics import BASE_LATENCY_US, Fabric
+from ..fabrics import Fabric
 
 MiB = 1024 * 1024
 
@@ -74,13 +74,13 @@ def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, fabric: Fabric,
     a node (NCCL's own latency model). Hierarchical (HOROVOD_HIERARCHICAL_ALLREDUCE, as Horovod's
     NCCL implementation does it): reduce-scatter inside the node, an allreduce across nodes of
     each GPU's 1/g shard (g shards side by side share the node's network, so the network
-    carries S per node), allgather inside the node. Every allreduce pays NCCL's base latency
-    once."""
+    carries S per node), allgather inside the node. Every allreduce pays the fabric's base
+    latency once (NCCL's for the presets)."""
     n = nodes * gpus_per_node
     if n < 2 or nbytes <= 0:
         return 0.0
     inter, intra = fabric.inter, fabric.intra_link()
-    base = BASE_LATENCY_US * 1e-6
+    base = fabric.base_latency_us * 1e-6
     if not (hierarchical or fabric.two_level) or nodes == 1 or gpus_per_node == 1:
         link = inter if nodes > 1 else intra
         cross = 2 * (nodes - 1)
@@ -103,12 +103,14 @@ def chunk_limit(workload: Workload, knobs: Knobs) -> float:
 
 
 def allreduces(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
-               knobs: Knobs) -> list[tuple[float, float, float]]:
+               knobs: Knobs, phase_s: float = 0.0) -> list[tuple[float, float, float]]:
     """(start, end, bytes) of each allreduce of one step, as Horovod's background thread makes
     them: at each cycle tick at which it is free and some gradient bytes are ready but unsent,
     it sends them, up to the fusion threshold, and is busy until that allreduce ends. Bytes
     are ready uniformly over the last micro-batch's backward pass (whole tensors when the
-    tensor count is known)."""
+    tensor count is known). The ticks fall at ``phase_s`` + k cycles from the step's start
+    (0: a step that starts on a tick; :func:`steady_step_s` finds the phase of steps run back
+    to back)."""
     total = workload.gradient_bytes * (0.5 if knobs.fp16 else 1.0)
     backward = workload.backward_fraction * workload.step_s
     start = knobs.accumulation * workload.step_s - backward
@@ -123,7 +125,7 @@ def allreduces(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabri
         return math.floor(share * tensors + 1e-9) / tensors * total if tensors else share * total
 
     def tick(t: float) -> float:
-        return math.ceil(t / cycle - 1e-9) * cycle if cycle > 0 else t
+        return phase_s + math.ceil((t - phase_s) / cycle - 1e-9) * cycle if cycle > 0 else t
 
     out, sent, free = [], 0.0, 0.0
     while sent < total * (1 - 1e-12):
@@ -140,13 +142,43 @@ def allreduces(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabri
 
 
 def step_s(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
-           knobs: Knobs) -> float:
-    """Seconds per optimizer step on nodes x gpus_per_node GPUs (see the module's model)."""
+           knobs: Knobs, phase_s: float = 0.0) -> float:
+    """Seconds per optimizer step on nodes x gpus_per_node GPUs (see the module's model), the
+    cycle's ticks at ``phase_s`` + k cycles from the step's start."""
     compute_end = knobs.accumulation * workload.step_s
     if nodes * gpus_per_node < 2 or workload.gradient_bytes <= 0:
         return compute_end
-    ops = allreduces(workload, nodes, gpus_per_node, fabric, knobs)
+    ops = allreduces(workload, nodes, gpus_per_node, fabric, knobs, phase_s)
     return max(compute_end, ops[-1][1])
+
+
+def steady_step_s(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
+                  knobs: Knobs, steps: int = 16, settle: int = 4) -> float:
+    """Seconds per step once steps run back to back: the mean of ``steps`` simulated steps
+    after ``settle`` more.
+
+    Horovod's cycles keep their own clock (``RunLoopOnce`` in horovod/common/operations.cc
+    sleeps until the previous cycle's start plus the cycle time, at once when that cycle ran
+    longer) and an allreduce runs inside the cycle that starts it. A step starts when the
+    previous one ends (its last allreduce, or its computation), not on a tick: the ticks sit
+    where the last allreduce's cycle left them, so each step lasts about whole cycles (on
+    this machine 2.13 ms = two cycles of ~1.07 ms at batch 128, against 1.08 ms with no
+    allreduce: docs/BENCHMARKS.md, "Fourth run"). :func:`step_s` (ticks from the step's
+    start) is the first step; this carries the phase from step to step."""
+    compute_end = knobs.accumulation * workload.step_s
+    cycle = knobs.cycle_ms / 1000
+    if nodes * gpus_per_node < 2 or workload.gradient_bytes <= 0 or cycle <= 0:
+        return step_s(workload, nodes, gpus_per_node, fabric, knobs)
+    phase, lengths = 0.0, []
+    for _ in range(settle + steps):
+        ops = allreduces(workload, nodes, gpus_per_node, fabric, knobs, phase)
+        start, end, _ = ops[-1]
+        length = max(compute_end, end)
+        lengths.append(length)
+        # The next cycle starts a cycle after the last one's start, or when it ends if longer.
+        anchor = start if end - start < cycle else end
+        phase = (anchor - length) % cycle
+    return sum(lengths[settle:]) / steps
 
 
 def point(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,

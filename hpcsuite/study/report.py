@@ -26,9 +26,11 @@ import statistics
 from pathlib import Path
 
 from ..errors import UserError
+from ..runs.rundir import RunDir
 from .advice import explain, of_limit
 from .points import Point, StudyDir
 from .bundle import ENVIRONMENT
+from .predicted import predict_rows, summary
 from .run import point_done, point_result
 
 REPORT_DIR = "report"
@@ -40,6 +42,15 @@ def _results(sd: StudyDir, point: Point, entry: dict) -> dict | None:
     if not point_done(sd, point, entry):
         return None
     return json.loads(point_result(sd, point, entry["job_id"]).read_text())
+
+
+def _job(sd: StudyDir, point: Point, entry: dict) -> dict | None:
+    """The job spec a point's run ran with (its run directory's job.json), or None."""
+    try:
+        job = json.loads(RunDir(sd.run_dir(point, entry["job_id"])).job.read_text())
+    except (OSError, ValueError, KeyError):
+        return None
+    return job if isinstance(job, dict) else None
 
 
 def throughput(results: dict, warmup: int, steps: int) -> tuple[float, float] | None:
@@ -109,7 +120,7 @@ def analyse(sd: StudyDir) -> dict:
             "series": axes_label({k: v for k, v in point.axes.items()
                               if k not in ("nodes", "tasks_per_node")}) or "all",
             "throughput": [], "step_s": [], "limit_throughput": [], "limit_step_s": [],
-            "jobs": [], "results": None})
+            "jobs": [], "results": None, "job": None})
         results = _results(sd, point, state.get(point.id, {}))
         if results is None:
             continue
@@ -122,6 +133,7 @@ def analyse(sd: StudyDir) -> dict:
         if point.kind == "train":
             row["jobs"].append(state[point.id]["job_id"])
             row["results"] = row["results"] or results
+            row["job"] = row["job"] or _job(sd, point, state[point.id])
     rows = sorted(configs.values(), key=lambda r: (r["series"], r["ranks"], r["config"]))
     for row in rows:
         for key in ("throughput", "limit_throughput", "step_s", "limit_step_s"):
@@ -138,8 +150,10 @@ def analyse(sd: StudyDir) -> dict:
         row["flags"] = flags(row, base, study.mode)
         row["model"] = explain(row, *models.get((int(row["axes"]["nodes"]),
                                                  int(row["axes"]["tasks_per_node"])), (None, None)))
+    predict_rows(rows, models)
     for row in rows:
         row.pop("results")
+        row.pop("job")
     return {"study": study.name, "mode": study.mode, "warmup_steps": study.warmup_steps,
             "steps": study.steps, "repeats": study.repeats, "rows": rows,
             "warnings": environment_warnings(sd),
@@ -192,11 +206,12 @@ def flags(row: dict, base: dict | None, mode: str) -> list[str]:
 # ---------------------------------------------------------------------- output
 
 # measured_*: read from the jobs' step times; predicted_*: the ring-allreduce model's, fitted
-# to the allreduce benchmarks; best_knob_*: the model's prediction for the best knob.
+# to the allreduce benchmarks (predicted_step_s: the step model's whole step, predicted_error:
+# its (predicted - measured) / measured); best_knob_*: the model's prediction for the best knob.
 COLUMNS = ["series", "config", "ranks", "measured_throughput_median", "measured_throughput_min",
            "measured_throughput_max", "repeats", "measured_speedup", "measured_efficiency",
            "measured_limit_throughput_median", "measured_of_limit", "measured_step_ms",
-           "measured_limit_step_ms", "measured_overhead_ms", "predicted_comm_ms", "flags",
+           "predicted_step_s", "predicted_error", "measured_limit_step_ms", "measured_overhead_ms", "predicted_comm_ms", "flags",
            "best_knob", "predicted_best_knob_of_limit"]
 
 
@@ -215,6 +230,8 @@ def flat(row: dict) -> dict:
             "measured_efficiency": row["efficiency"],
             "measured_limit_throughput_median": row["limit_throughput"]["median"],
             "measured_of_limit": row["of_limit"], "measured_step_ms": ms(row["step_s"]["median"]),
+            "predicted_step_s": row.get("predicted_step_s"),
+            "predicted_error": row.get("predicted_error"),
             "measured_limit_step_ms": ms(row["limit_step_s"]["median"]),
             "measured_overhead_ms": ms(m.get("measured_overhead_s")),
             "predicted_comm_ms": ms(m.get("predicted_comm_s")),
@@ -226,13 +243,17 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _pct(error) -> str:
+    return "-" if error is None else f"{error * 100:+.1f}%"
+
+
 def _ms(seconds, fmt: str) -> str:
     return _num(None if seconds is None else seconds * 1000, fmt)
 
 
 HEADER = (f"{'series':<24} {'ranks':>5} {'measured samples/s med [min-max]':>32} "
           f"{'speedup':>7} {'effic.':>6} {'limit/s':>9} {'of limit':>8} {'step ms':>8} "
-          f"{'comm ms':>9}  flag")
+          f"{'step ms':>9} {'error':>7} {'comm ms':>9}  flag")
 
 
 def table(report: dict) -> str:
@@ -240,10 +261,12 @@ def table(report: dict) -> str:
              f"{report['steps']} measured steps after {report['warmup_steps']} warm-up)",
              *report.get("warnings", []),
              "measured: from the jobs' step times (limit/s, of limit: the same configuration "
-             "without the allreduce); comm ms: predicted by the allreduce model",
+             "without the allreduce); predicted: the step model (compute from the series' "
+             "1-rank point, the fitted allreduce, Horovod's cycle, fusion), error against the "
+             "measured step; comm ms: predicted by the allreduce model",
              HEADER,
              f"{'':<24} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
-             f"{'measured':>8} {'measured':>8} {'predicted':>9}"]
+             f"{'measured':>8} {'measured':>8} {'predicted':>9} {'':>7} {'predicted':>9}"]
     for row in report["rows"]:
         t, m = row["throughput"], row.get("model") or {}
         rng = (f"{_num(t['median'], '.1f')} [{_num(t['min'], '.1f')}-{_num(t['max'], '.1f')}]"
@@ -252,8 +275,10 @@ def table(report: dict) -> str:
             f"{row['series'][:24]:<24} {row['ranks']:>5} {rng:>32} {_num(row['speedup'], '.2f'):>7} "
             f"{_num(row['efficiency'], '.2f'):>6} {_num(row['limit_throughput']['median'], '.1f'):>9} "
             f"{_num(row['of_limit'], '.2f'):>8} {_ms(row['step_s']['median'], '.2f'):>8} "
+            f"{_ms(row.get('predicted_step_s'), '.2f'):>9} {_pct(row.get('predicted_error')):>7} "
             f"{_ms(m.get('predicted_comm_s'), '.3f'):>9}  {'FLAGGED' if row.get('flags') else ''}"
             .rstrip())
+    lines += summary(report["rows"])
     for key, fit in report["allreduce"].items():
         lines.append(f"allreduce model on {key} (nodes x tasks): alpha {fit['alpha_s'] * 1e6:.1f} us, "
                      f"bandwidth {fit['bandwidth_Bps'] / 1e9:.2f} GB/s")

@@ -1,0 +1,181 @@
+"""The report's predicted step of each configuration, on fabricated study directories whose
+predictions are computed here by hand."""
+
+import csv
+import json
+
+import pytest
+
+from hpcsuite.study import points as st
+from hpcsuite.study import predicted as sp
+from hpcsuite.study import report as sr
+
+# The allocation's benchmark: MPI's fit α = 10 µs, B = 1 GB/s (Horovod's, α = 500 µs, is the
+# cycle and must not be used). Gradients: 200 kB in 4 tensors. A 2-rank ring allreduce of all
+# of them then takes 2 x 10 µs + 2 x 1/2 x 200e3 / 1e9 = 0.22 ms.
+MPI_FIT = {"alpha_s": 10e-6, "bandwidth_Bps": 1e9, "n": 2}
+HOROVOD_FIT = {"alpha_s": 500e-6, "bandwidth_Bps": 2e9, "n": 2}
+GRADIENT_BYTES = 200_000
+
+
+def fake(path, configs, mode="weak", fits=(("mpi", MPI_FIT), ("horovod", HOROVOD_FIT)),
+         write_job=True):
+    """A finished study: ``configs`` is a list of (axes, step seconds, batch per rank, job's
+    train.horovod, cpus per task); each configuration gets two repeats of that step."""
+    path.mkdir(parents=True)
+    axes_keys = {k for axes, *_ in configs for k in axes if k not in ("nodes", "tasks_per_node")}
+    axes_yaml = ", ".join(f"{k}: [1]" for k in sorted(axes_keys | {"nodes"}))
+    (path / "study.yaml").write_text(f"name: s\nbase: job.yaml\nmode: {mode}\n"
+                                     f"axes: {{{axes_yaml}}}\nrepeats: 2\nwarmup_steps: 0\n"
+                                     "steps: 10\n")
+    points, state = [], {}
+    for i, (axes, step, batch, horovod, cpus) in enumerate(configs):
+        axes = {"tasks_per_node": 1, **axes}
+        ranks = axes["nodes"] * axes["tasks_per_node"]
+        for repeat in (0, 1):
+            pid = f"p{i:02d}-r{repeat}"
+            points.append(st.Point(pid, "train", f"p{i:02d}", axes, repeat, f"s-{pid}"))
+            job = str(100 + len(points))
+            state[pid] = {"job_id": job, "status": "done", "attempts": 1}
+            run = path / "runs" / f"s-{pid}" / job
+            run.mkdir(parents=True)
+            (run / "results.json").write_text(json.dumps({
+                "status": "completed", "step_times_s": [step] * 10,
+                "batch_size_per_rank": batch, "world_size": ranks, "grad_accumulation": 1,
+                "gradient_bytes": GRADIENT_BYTES, "gradient_tensors": 4}))
+            if write_job:
+                (run / "job.json").write_text(json.dumps({
+                    "resources": {"nodes": axes["nodes"], "cpus_per_task": cpus},
+                    "train": {"horovod": {"cycle_time_ms": 1.0, "fusion_threshold_mb": 64,
+                                          "compression": "none", **horovod}}}))
+    if fits:
+        points.append(st.Point("a00", "allreduce", "a00", {"nodes": 2, "tasks_per_node": 1}, 0,
+                               "s-a00"))
+        state["a00"] = {"job_id": "999", "status": "done", "attempts": 1}
+        (path / "runs" / "s-a00" / "999").mkdir(parents=True)
+        (path / "runs" / "s-a00" / "999" / "allreduce.json").write_text(json.dumps({
+            "world_size": 2, "fit": dict(fits)}))
+    (path / "points.json").write_text(json.dumps({"mode": mode,
+                                                  "points": [p.to_json() for p in points]}))
+    (path / "state.json").write_text(json.dumps(state))
+    (path / "environment.json").write_text(json.dumps({"horovod": "0.28.1"}))
+    return st.StudyDir(path)
+
+
+def rows_by_config(report):
+    return {r["config"]: r for r in report["rows"]}
+
+
+# Two series (cycle 1 ms and 0.5 ms), 1 and 2 nodes; the 1-rank step is 1.2 ms.
+# Cycle 1 ms: ready at 1.2 ms after the step starts, 0.22 ms of allreduce: the steps lock to
+# the cycle and last ceil(1.42 / 1) = 2 cycles = 2.0 ms; measured 2.1 ms: -4.76 %.
+# Cycle 0.5 ms: ceil(1.42 / 0.5) = 3 cycles = 1.5 ms; measured 2.0 ms: -25 %, a miss.
+WEAK = [({"horovod.cycle_time_ms": 1, "nodes": 1}, 1.2e-3, 32, {}, 1),
+        ({"horovod.cycle_time_ms": 1, "nodes": 2}, 2.1e-3, 32, {}, 1),
+        ({"horovod.cycle_time_ms": 0.5, "nodes": 1}, 1.2e-3, 32, {"cycle_time_ms": 0.5}, 1),
+        ({"horovod.cycle_time_ms": 0.5, "nodes": 2}, 2.0e-3, 32, {"cycle_time_ms": 0.5}, 1)]
+
+
+def test_each_point_is_predicted_from_its_1_rank_point_and_the_fitted_allreduce(tmp_path):
+    report = sr.analyse(fake(tmp_path / "s", WEAK))
+    rows = rows_by_config(report)
+    assert rows["p00"]["predicted_step_s"] == pytest.approx(1.2e-3)     # its own compute
+    assert rows["p00"]["predicted_error"] == pytest.approx(0.0)
+    assert rows["p01"]["predicted_step_s"] == pytest.approx(2.0e-3, rel=1e-9)
+    assert rows["p01"]["predicted_error"] == pytest.approx((2.0 - 2.1) / 2.1, rel=1e-9)
+    assert rows["p03"]["predicted_step_s"] == pytest.approx(1.5e-3, rel=1e-9)
+    assert rows["p03"]["predicted_error"] == pytest.approx(-0.25, rel=1e-9)
+    p = rows["p01"]["prediction"]
+    assert p["fabric"] == "MPI's allreduce"                 # not Horovod's: its α is the cycle
+    assert (p["alpha_s"], p["bandwidth_Bps"], p["backward_fraction"]) == \
+        pytest.approx((10e-6, 1e9, 0.0))
+
+
+def test_a_miss_is_reported_in_the_table_the_summary_csv_and_json(tmp_path):
+    sd = fake(tmp_path / "s", WEAK)
+    report, paths = sr.write(sd)
+    text = (sd.path / "report" / "report.txt").read_text()
+    assert ("prediction within ±15% for 3 of 4 points (worst: p03 "
+            "(horovod.cycle_time_ms=0.5, 2 rank(s)), -25.0%)") in text
+    assert ("outside ±15%: p03 (horovod.cycle_time_ms=0.5, 2 rank(s)): predicted 1.500 ms, "
+            "measured 2.000 ms (-25.0%)") in text
+    line = next(l for l in text.splitlines() if l.startswith("horovod.cycle_time_ms=0.") and
+                l.split()[1] == "2")         # the table's row: measured, predicted, error
+    assert line.split()[8:11] == ["2.00", "1.50", "-25.0%"]
+    csv_rows = {r["config"]: r for r in csv.DictReader(
+        (sd.path / "report" / "report.csv").read_text().splitlines())}
+    assert float(csv_rows["p03"]["predicted_step_s"]) == pytest.approx(1.5e-3)
+    assert float(csv_rows["p03"]["predicted_error"]) == pytest.approx(-0.25)
+    saved = rows_by_config(json.loads((sd.path / "report" / "report.json").read_text()))
+    assert saved["p01"]["predicted_error"] == pytest.approx(-0.1 / 2.1)
+    assert "job" not in saved["p01"] and "results" not in saved["p01"]
+
+
+def test_cores_to_spare_let_the_allreduces_hide_under_the_backward_pass(tmp_path):
+    # cpus_per_task 2: the backward pass is the last 2/3 of the 1.2 ms step (0.4-1.2 ms), a
+    # tensor (50 kB, 20 µs + 50 µs = 0.07 ms) ready every 0.2 ms from 0.6 ms; with no cycle
+    # (0 ms) each leaves at once: the last at 1.2 ms, the step ends at 1.27 ms. With one core
+    # nothing overlaps: 1.2 + 0.22 = 1.42 ms.
+    configs = [({"nodes": 1}, 1.2e-3, 32, {"cycle_time_ms": 0}, 2),
+               ({"nodes": 2}, 1.3e-3, 32, {"cycle_time_ms": 0}, 2)]
+    two = rows_by_config(sr.analyse(fake(tmp_path / "a", configs)))["p01"]
+    assert two["predicted_step_s"] == pytest.approx(1.27e-3, rel=1e-9)
+    assert two["prediction"]["backward_fraction"] == pytest.approx(2 / 3)
+    one = [(axes, step, batch, horovod, 1) for axes, step, batch, horovod, _ in configs]
+    assert rows_by_config(sr.analyse(fake(tmp_path / "b", one)))["p01"]["predicted_step_s"] \
+        == pytest.approx(1.42e-3, rel=1e-9)
+
+
+def test_strong_scaling_scales_the_computation_by_the_per_rank_batch(tmp_path):
+    # 1 rank: 64 samples in 2.4 ms; 2 ranks: 32 each, so 1.2 ms of compute, fp16 halving the
+    # allreduce to 20 µs + 0.1 ms: ceil(1.32 / 1) = 2 cycles = 2.0 ms.
+    configs = [({"nodes": 1}, 2.4e-3, 64, {"compression": "fp16"}, 1),
+               ({"nodes": 2}, 2.2e-3, 32, {"compression": "fp16"}, 1)]
+    row = rows_by_config(sr.analyse(fake(tmp_path / "s", configs, mode="strong")))["p01"]
+    assert row["prediction"]["compute_s"] == pytest.approx(1.2e-3)
+    assert row["predicted_step_s"] == pytest.approx(2.0e-3, rel=1e-9)
+    # 1.2 ms + 0.12 ms with no cycle at all: fp16 really halved the bytes.
+    configs = [(a, s, b, {**h, "cycle_time_ms": 0}, c) for a, s, b, h, c in configs]
+    row = rows_by_config(sr.analyse(fake(tmp_path / "t", configs, mode="strong")))["p01"]
+    assert row["predicted_step_s"] == pytest.approx(1.32e-3, rel=1e-9)
+
+
+def test_without_mpis_fit_horovods_bandwidth_is_used_without_its_cycle_alpha(tmp_path):
+    # B = 2 GB/s, α left out: 200e3 / 2e9 = 0.1 ms after 1.2 ms of compute, no cycle.
+    configs = [({"nodes": 1}, 1.2e-3, 32, {"cycle_time_ms": 0}, 1),
+               ({"nodes": 2}, 1.3e-3, 32, {"cycle_time_ms": 0}, 1)]
+    row = rows_by_config(sr.analyse(fake(tmp_path / "s", configs,
+                                         fits=(("horovod", HOROVOD_FIT),))))["p01"]
+    assert row["predicted_step_s"] == pytest.approx(1.3e-3, rel=1e-9)
+    assert row["prediction"]["alpha_s"] == 0.0
+    assert "Horovod" in row["prediction"]["fabric"]
+
+
+def test_points_the_study_cannot_predict_are_named_not_dropped(tmp_path):
+    # No 1-rank point in the series, and no allreduce benchmark.
+    configs = [({"nodes": 2}, 2.0e-3, 32, {}, 1), ({"nodes": 3}, 2.5e-3, 32, {}, 1)]
+    report = sr.analyse(fake(tmp_path / "s", configs, fits=()))
+    assert [r["predicted_step_s"] for r in report["rows"]] == [None, None]
+    text = sr.table(report)
+    assert "no prediction for p00 (all, 2 rank(s)): the series has no finished 1-rank point" \
+        in text
+    configs = [({"nodes": 1}, 1.2e-3, 32, {}, 1), ({"nodes": 2}, 2.0e-3, 32, {}, 1)]
+    text = sr.table(sr.analyse(fake(tmp_path / "t", configs, fits=())))
+    assert "no prediction for p01 (all, 2 rank(s)): no allreduce benchmark on this allocation" \
+        in text
+    assert "within ±15% for 1 of 1 points" in text
+
+
+def test_without_job_json_the_knobs_come_from_the_axes(tmp_path):
+    report = sr.analyse(fake(tmp_path / "s", WEAK, write_job=False))
+    assert rows_by_config(report)["p03"]["predicted_step_s"] == pytest.approx(1.5e-3, rel=1e-9)
+
+
+def test_the_summary_line_names_the_worst_point():
+    def row(config, error):
+        return {"config": config, "series": "all", "ranks": 2, "step_s": {"median": 1.0},
+                "predicted_step_s": 1.0 + error, "predicted_error": error,
+                "prediction": {"step_s": 1.0 + error, "error": error}}
+    lines = sp.summary([row("p01", 0.10), row("p02", -0.15), row("p03", 0.151)])
+    assert lines[0] == "prediction within ±15% for 2 of 3 points (worst: p03 (all, 2 rank(s)), +15.1%)"
+    assert len(lines) == 2 and "p03" in lines[1]
