@@ -179,3 +179,35 @@ def test_the_summary_line_names_the_worst_point():
     lines = sp.summary([row("p01", 0.10), row("p02", -0.15), row("p03", 0.151)])
     assert lines[0] == "prediction within ±15% for 2 of 3 points (worst: p03 (all, 2 rank(s)), +15.1%)"
     assert len(lines) == 2 and "p03" in lines[1]
+
+
+def test_study_predict_reads_one_per_rank_batch_of_a_study_that_sweeps_it(tmp_path):
+    from click.testing import CliRunner
+
+    from hpcsuite.cli import main
+    from hpcsuite.errors import UserError
+    from hpcsuite.study.predict_io import workload_from_study
+
+    configs = [({"batch_size": 32, "nodes": 1}, 1.2e-3, 32, {}, 1),
+               ({"batch_size": 32, "nodes": 2}, 2.1e-3, 32, {}, 1),
+               ({"batch_size": 128, "nodes": 1}, 4.0e-3, 128, {}, 1),
+               ({"batch_size": 128, "nodes": 2}, 5.0e-3, 128, {}, 1)]
+    sd = fake(tmp_path / "s", configs)
+    w = workload_from_study(str(sd.path), 0.0)              # the smallest batch, not a mix
+    assert (w.step_s, w.batch, w.gradient_bytes, w.tensors) == (1.2e-3, 32, GRADIENT_BYTES, 4)
+    assert (workload_from_study(str(sd.path), 0.0, 128).step_s,
+            workload_from_study(str(sd.path), 0.0, 128).batch) == (4.0e-3, 128)
+    with pytest.raises(UserError, match="measured no point at 64 samples per rank; it measured "
+                                        "32, 128"):
+        workload_from_study(str(sd.path), 0.0, 64)
+    out = CliRunner().invoke(main, ["study", "predict", str(sd.path), "--nodes", "1,2",
+                                    "--bandwidth", "1", "--latency", "10", "--batch", "128",
+                                    "--backward-fraction", "0", "--json"],
+                             env={"HPCSUITE_PROFILE": ""})
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    # 4 ms, then at that very tick 0.22 ms of allreduce and NCCL's 8.4 µs, which a described
+    # fabric pays once per allreduce.
+    assert result["workload"]["batch"] == 128
+    assert result["series"]["current"][1]["step_ms"] == pytest.approx(4.0 + 0.22 + 0.0084,
+                                                                      rel=1e-9)

@@ -203,7 +203,8 @@ _POSITIVE = click.FloatRange(min=0.0, min_open=True)
               "micro-batch (forward, backward, optimizer) in ms.")
 @click.option("--throughput", type=_POSITIVE, help="Without a study: one GPU's samples/s "
               "(with --batch) instead of --step-ms.")
-@click.option("--batch", type=click.IntRange(min=1), help="Samples per GPU per micro-batch.")
+@click.option("--batch", type=click.IntRange(min=1), help="Samples per GPU per micro-batch; "
+              "with a study, which of its per-rank batches to read (default: the smallest).")
 @click.option("--tensors", type=click.IntRange(min=1), help="Gradient tensors per step (lets "
               "the model try fusion off).")
 @click.option("--backward-fraction", type=click.FloatRange(0.0, 1.0), default=2 / 3,

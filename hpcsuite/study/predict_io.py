@@ -13,10 +13,13 @@ from ..errors import UserError
 from .predict import Workload
 
 
-def workload_from_study(target: str, backward_fraction: float) -> Workload:
+def workload_from_study(target: str, backward_fraction: float,
+                        batch: int | None = None) -> Workload:
     """The workload a study measured: gradient bytes and tensors from a training point's
     results, the step time from the smallest configuration's no-communication limit (or a
-    1-rank training point), per micro-batch."""
+    1-rank training point), per micro-batch: the median over those points' jobs at one
+    per-rank batch, ``batch`` or else the smallest measured (a study that sweeps the batch
+    measured one workload per batch, not one to average)."""
     from .points import open_study
     from .report import _results, throughput
 
@@ -25,18 +28,26 @@ def workload_from_study(target: str, backward_fraction: float) -> Workload:
     candidates = sorted((p for p in sd.points() if p.kind == "limit"
                          or (p.kind == "train" and p.ranks == 1)),
                         key=lambda p: (p.ranks, p.kind != "limit"))
+    seen = set()
     for ranks in sorted({p.ranks for p in candidates}):
-        steps, last = [], None
+        found: dict[int, list[tuple[float, dict]]] = {}
         for point in (p for p in candidates if p.ranks == ranks):
             results = _results(sd, point, state.get(point.id, {}))
             measured = results and throughput(results, study.warmup_steps, study.steps)
             if measured and results.get("gradient_bytes"):
-                steps.append(measured[1] / (results.get("grad_accumulation") or 1))
-                last = results
-        if steps:
-            return Workload(float(last["gradient_bytes"]), statistics.median(steps),
-                            int(last.get("batch_size_per_rank") or 1), backward_fraction,
-                            int(last.get("gradient_tensors") or 0) or None)
+                step = measured[1] / (results.get("grad_accumulation") or 1)
+                size = int(results.get("batch_size_per_rank") or 1)
+                found.setdefault(size, []).append((step, results))
+        seen |= set(found)
+        chosen = batch if batch is not None else min(found, default=None)
+        if chosen in found:
+            steps = [step for step, _ in found[chosen]]
+            last = found[chosen][-1][1]
+            return Workload(float(last["gradient_bytes"]), statistics.median(steps), chosen,
+                            backward_fraction, int(last.get("gradient_tensors") or 0) or None)
+    if batch is not None and seen:
+        raise UserError(f"--batch: {target} measured no point at {batch} samples per rank; "
+                        f"it measured {', '.join(str(b) for b in sorted(seen))}")
     raise UserError(f"{target}: no finished 1-rank or no-communication point records a step "
                     "time and gradient bytes; run the study first, or give --params/--step-ms")
 
@@ -169,7 +180,7 @@ def workload_for(target, params, model_bytes, step_ms, throughput, batch,
         if given or step_ms is not None or throughput is not None:
             raise UserError(f"{given[0] if given else '--step-ms'}: a study gives the model and "
                             "the step time; leave the option out or leave the study out")
-        return workload_from_study(target, backward_fraction)
+        return workload_from_study(target, backward_fraction, batch)
     if len(given) != 1:
         raise UserError("--params: without a study give the model as --params N or "
                         "--model-bytes B (one of them)")
