@@ -130,6 +130,14 @@ def summary(rows: list[dict]) -> list[str]:
                              f"{r['predicted_step_s'] * 1000:.3f} ms, measured "
                              f"{r['step_s']['median'] * 1000:.3f} ms "
                              f"({_pct(r['predicted_error'])})")
+    used = {(r["ranks"], p["fabric"], p["alpha_s"], p["bandwidth_Bps"], p["backward_fraction"])
+            for r in done for p in [r["prediction"]] if p.get("fabric")}
+    for ranks, fabric, alpha, bandwidth, overlap in sorted(used):
+        lines.append(f"  step model on {ranks} ranks: {fabric}, alpha {alpha * 1e6:.1f} us per "
+                     f"ring step, B {bandwidth / 1e9:.2f} GB/s, "
+                     + ("no overlap (one core per rank)" if overlap == 0 else
+                        f"allreduces overlap the backward pass (the last {overlap:.2f} of a "
+                        "step)"))
     for r in rows:
         if r.get("predicted_error") is None and r["step_s"]["median"]:
             lines.append(f"  no prediction for {_name(r)}: {r['prediction']['why']}")

@@ -251,12 +251,16 @@ def _ms(seconds, fmt: str) -> str:
     return _num(None if seconds is None else seconds * 1000, fmt)
 
 
-HEADER = (f"{'series':<24} {'ranks':>5} {'measured samples/s med [min-max]':>32} "
-          f"{'speedup':>7} {'effic.':>6} {'limit/s':>9} {'of limit':>8} {'step ms':>8} "
-          f"{'step ms':>9} {'error':>7} {'comm ms':>9}  flag")
+def header(width: int = 24) -> str:
+    """The table's column names; the series column is ``width`` wide (the longest series, at
+    least 24), so two series that differ only at the end of their names stay apart."""
+    return (f"{'series':<{width}} {'ranks':>5} {'measured samples/s med [min-max]':>32} "
+            f"{'speedup':>7} {'effic.':>6} {'limit/s':>9} {'of limit':>8} {'step ms':>8} "
+            f"{'step ms':>9} {'error':>7} {'comm ms':>9}  flag")
 
 
 def table(report: dict) -> str:
+    w = max([24, *(len(r["series"]) for r in report["rows"])])
     lines = [f"study {report['study']} ({report['mode']} scaling; {report['repeats']} repeats, "
              f"{report['steps']} measured steps after {report['warmup_steps']} warm-up)",
              *report.get("warnings", []),
@@ -264,15 +268,15 @@ def table(report: dict) -> str:
              "without the allreduce); predicted: the step model (compute from the series' "
              "1-rank point, the fitted allreduce, Horovod's cycle, fusion), error against the "
              "measured step; comm ms: predicted by the allreduce model",
-             HEADER,
-             f"{'':<24} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
+             header(w),
+             f"{'':<{w}} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
              f"{'measured':>8} {'measured':>8} {'predicted':>9} {'':>7} {'predicted':>9}"]
     for row in report["rows"]:
         t, m = row["throughput"], row.get("model") or {}
         rng = (f"{_num(t['median'], '.1f')} [{_num(t['min'], '.1f')}-{_num(t['max'], '.1f')}]"
                if t["n"] else "(no results yet)")
         lines.append(
-            f"{row['series'][:24]:<24} {row['ranks']:>5} {rng:>32} {_num(row['speedup'], '.2f'):>7} "
+            f"{row['series']:<{w}} {row['ranks']:>5} {rng:>32} {_num(row['speedup'], '.2f'):>7} "
             f"{_num(row['efficiency'], '.2f'):>6} {_num(row['limit_throughput']['median'], '.1f'):>9} "
             f"{_num(row['of_limit'], '.2f'):>8} {_ms(row['step_s']['median'], '.2f'):>8} "
             f"{_ms(row.get('predicted_step_s'), '.2f'):>9} {_pct(row.get('predicted_error')):>7} "
