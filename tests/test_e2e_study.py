@@ -65,6 +65,15 @@ def check_report(study_dir: Path, env: dict) -> dict:
     if m.get("knobs"):
         assert m["now_of_limit"] == rows[1]["of_limit"]
     assert not report["warnings"], report["warnings"]      # every version recorded
+    # Each point's step predicted by the step model from the study's own measurements: the
+    # 1-rank point is its own computation; the 2-rank point adds MPI's fitted allreduce at
+    # Horovod's cycle, nothing overlapped (one core per rank).
+    assert rows[0]["predicted_step_s"] == pytest.approx(rows[0]["step_s"]["median"])
+    p = rows[1]["prediction"]
+    assert rows[1]["predicted_step_s"] > rows[0]["step_s"]["median"]
+    assert rows[1]["predicted_error"] == pytest.approx(
+        rows[1]["predicted_step_s"] / rows[1]["step_s"]["median"] - 1)
+    assert p["fabric"] == "MPI's allreduce" and p["backward_fraction"] == 0
     folder = study_dir / "report"
     for name in ("throughput.png", "efficiency.png"):
         assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -73,6 +82,16 @@ def check_report(study_dir: Path, env: dict) -> dict:
     assert [int(r["ranks"]) for r in table] == [1, 2]
     text = run_cli("study", "report", str(study_dir), env=env, timeout=300).stdout
     assert "measured samples/s med [min-max]" in text and "allreduce model on 2x1" in text
+    assert all(r["predicted_step_s"] for r in table)
+    assert "prediction within ±15% for " in text and " of 2 points (worst: " in text
+    # study predict reads the measured study: its 1-rank step and gradient bytes.
+    proc = run_cli("study", "predict", str(study_dir), "--nodes", "1,2,4,8", "--bandwidth", "12",
+                   "--latency", "9.6", "--json", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    predicted = json.loads(proc.stdout)
+    assert predicted["workload"]["batch"] == 32
+    assert predicted["workload"]["gradient_bytes"] == rows[1]["model"]["gradient_bytes"]
+    assert [r["nodes"] for r in predicted["series"]["current"]] == [1, 2, 4, 8]
     return report
 
 

@@ -15,6 +15,8 @@ N = nodes x gpus_per_node GPUs, each computing the same per-GPU batch:
 * **an allreduce** of S bytes (:func:`allreduce_s`): one flat ring over all N GPUs, or
   hierarchical (two levels). The step ends when both the computation and the last allreduce
   have: step = max(k x step_s, last allreduce's end).
+* **steps back to back** (:func:`steady_step_s`, what :func:`point` reports): the cycle keeps
+  its own clock, so the next step's ticks sit where this step's last allreduce left them.
 
 Efficiency(N) = throughput(N) / (N x throughput(1 GPU)) = k x step_s / step(N).
 """
@@ -183,8 +185,9 @@ def steady_step_s(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fa
 
 def point(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
           knobs: Knobs) -> dict:
-    """One row: step, throughput (samples/s) and efficiency at one node count."""
-    step = step_s(workload, nodes, gpus_per_node, fabric, knobs)
+    """One row: step, throughput (samples/s) and efficiency at one node count, steps run back
+    to back (:func:`steady_step_s`)."""
+    step = steady_step_s(workload, nodes, gpus_per_node, fabric, knobs)
     gpus = nodes * gpus_per_node
     samples = gpus * knobs.accumulation * workload.batch
     return {"nodes": nodes, "gpus": gpus, "step_ms": step * 1000,
