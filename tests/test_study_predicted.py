@@ -179,7 +179,8 @@ def test_the_summary_line_names_the_worst_point():
                 "predicted_step_s": 1.0 + error, "predicted_error": error,
                 "prediction": {"step_s": 1.0 + error, "error": error}}
     lines = sp.summary([row("p01", 0.10), row("p02", -0.15), row("p03", 0.151)])
-    assert lines[0] == "prediction within ±15% for 2 of 3 points (worst: p03 (all, 2 rank(s)), +15.1%)"
+    assert lines[0] == ("prediction within ±15% for 2 of 3 points "
+                        "(worst: p03 (all, 2 rank(s)), +15.1%)")
     assert len(lines) == 2 and "p03" in lines[1]
 
 

@@ -211,8 +211,8 @@ def flags(row: dict, base: dict | None, mode: str) -> list[str]:
 COLUMNS = ["series", "config", "ranks", "measured_throughput_median", "measured_throughput_min",
            "measured_throughput_max", "repeats", "measured_speedup", "measured_efficiency",
            "measured_limit_throughput_median", "measured_of_limit", "measured_step_ms",
-           "predicted_step_s", "predicted_error", "measured_limit_step_ms", "measured_overhead_ms", "predicted_comm_ms", "flags",
-           "best_knob", "predicted_best_knob_of_limit"]
+           "predicted_step_s", "predicted_error", "measured_limit_step_ms", "measured_overhead_ms",
+           "predicted_comm_ms", "flags", "best_knob", "predicted_best_knob_of_limit"]
 
 
 def flat(row: dict) -> dict:
