@@ -37,7 +37,7 @@ def test_bad_spec_is_one_line_exit_2(tmp_path):
     assert result.output.strip().splitlines() == [
         f'error: {bad}: train.epoch: unknown key (did you mean "epochs"?); valid keys: '
         "args, backend, batch_size, checkpoint, data, epochs, eval, grad_accumulation, horovod, "
-        "ledger, loss, lr, max_steps, model, monitor, optimizer, precision, preemption, pythonpath, "
+        "ledger, loss, lr, max_steps, model, model_args, monitor, optimizer, precision, preemption, pythonpath, "
         "schedule, script, seed"]
 
 
