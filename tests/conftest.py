@@ -69,6 +69,24 @@ def follow_job(env: dict, job_id: str, cwd: Path, cluster=None, timeout: float =
     raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
 
 
+def preempt_after_step(env: dict, job_id: str, run_dir: Path, step: int = 5,
+                       timeout: float = 120) -> None:
+    """Once the job's progress.json shows ``step`` (rank 0 writes it every ~2 s), send the
+    preemption signal to its batch shell, as Slurm's warning signal would come."""
+    import json
+    import time
+
+    from hpcsuite.runs.rundir import RunDir
+
+    progress = RunDir(run_dir).progress
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if progress.is_file() and json.loads(progress.read_text()).get("step", 0) >= step:
+            break
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+
+
 def submit_spec(env: dict, work: Path, spec_text: str, *args: str, name: str = "job.yaml",
                 expect: int = 0) -> dict:
     """Write a spec into ``work``, `submit --wait --json` it, check the exit code; the JSON."""
@@ -79,6 +97,17 @@ def submit_spec(env: dict, work: Path, spec_text: str, *args: str, name: str = "
     proc = run_cli("submit", str(spec), "--wait", "--json", *args, cwd=work, env=env, timeout=800)
     assert proc.returncode == expect, proc.stdout + proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A directory to work in, with no site, user or project profile of this machine."""
+    monkeypatch.setenv("HPCSUITE_SITE_DIR", str(tmp_path / "site"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("HPCSUITE_PROFILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

@@ -15,17 +15,6 @@ from hpcsuite.submit.plan import plan
 from hpcsuite.submit.templating import SearchPath
 
 
-
-@pytest.fixture
-def work(tmp_path, monkeypatch):
-    monkeypatch.setenv("HPCSUITE_SITE_DIR", str(tmp_path / "site"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("HPCSUITE_PROFILE", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def site(work, runtime="apptainer", extra=""):
     path = work / "site.yaml"
     path.write_text(f"container:\n  runtime: {runtime}\n  allowed_images: [/img/, 'reg.io#ml/', "

@@ -4,12 +4,10 @@ TensorBoard's own reader (EventAccumulator). A 2-rank managed-loop job, PyTorch 
 numbers), and a script-mode job preempted and requeued (one log directory: the run continues)."""
 
 import json
-import subprocess
-import time
 
 import pytest
 
-from conftest import follow_job, run_cli
+from conftest import follow_job, preempt_after_step, run_cli
 from test_tensorboard import f32, points, read
 from test_whole_run import STEPS
 
@@ -86,13 +84,7 @@ def test_a_requeued_script_job_continues_in_one_log_directory(local_cluster, tmp
     (tmp_path / "tbs.yaml").write_text(SCRIPT)
     job_id = run_cli("submit", "tbs.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
     run_dir = tmp_path / "runs" / "tbs" / job_id
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:       # past a few steps (progress.json, every ~2 s)
-        progress = run_dir / "progress.json"
-        if progress.is_file() and json.loads(progress.read_text()).get("step", 0) >= 5:
-            break
-        time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    preempt_after_step(env, job_id, run_dir)
     state = follow_job(env, job_id, tmp_path, cluster)
     assert state["state"] == "COMPLETED", (tmp_path / "runs" / "tbs" / f"slurm-{job_id}.out").read_text()[-3000:]
 

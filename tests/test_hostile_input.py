@@ -16,16 +16,6 @@ from conftest import REPO
 PROFILE = str(REPO / "sbatch" / "profile.yaml")
 
 
-@pytest.fixture
-def work(tmp_path, monkeypatch):
-    monkeypatch.setenv("HPCSUITE_SITE_DIR", str(tmp_path / "site"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("HPCSUITE_PROFILE", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def cli(*args, **kw):
     result = CliRunner().invoke(main, list(args), **kw)
     if result.exception and not isinstance(result.exception, SystemExit):

@@ -5,12 +5,10 @@ tests/test_e2e_reliability.py uses: the signal to the batch shell, `scancel --si
 --batch`, and the requeued job started as soon as the node is idle.)"""
 
 import json
-import subprocess
-import time
 
 import pytest
 
-from conftest import follow_job, run_cli, wait_for_text
+from conftest import follow_job, preempt_after_step, run_cli, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -53,13 +51,7 @@ def test_a_preempted_and_requeued_job_reports_the_loss_from_step_one(local_clust
     (tmp_path / "whole.yaml").write_text(SPEC)
     job_id = run_cli("submit", "whole.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
     run_dir = tmp_path / "runs" / "whole" / job_id
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:       # past a few steps (progress.json, every ~2 s)
-        progress = run_dir / "progress.json"
-        if progress.is_file() and json.loads(progress.read_text()).get("step", 0) >= 5:
-            break
-        time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    preempt_after_step(env, job_id, run_dir)
     state = follow_job(env, job_id, tmp_path, cluster)
     log = (tmp_path / "runs" / "whole" / f"slurm-{job_id}.out").read_text()
     assert state["state"] == "COMPLETED", log[-3000:]
