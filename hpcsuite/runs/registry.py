@@ -17,9 +17,9 @@ import datetime as dt
 import fcntl
 import json
 import os
+import subprocess
 from pathlib import Path
 
-from .. import slurm
 from ..errors import UserError
 from .rundir import RunDir, RunRoot, element_id
 
@@ -36,9 +36,9 @@ def git_state(directory: str | Path) -> dict:
     "dirty": that directory has changes not committed."""
     def git(*args: str) -> str | None:
         try:
-            done = slurm.call(["git", "-C", str(directory), *args], timeout=30, check=False,
-                              env=dict(os.environ))
-        except UserError:                # no git here, or it did not answer
+            done = subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
