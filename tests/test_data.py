@@ -125,3 +125,27 @@ def test_full_blocks_share_ones_and_padded_blocks_keep_their_weights():
     block = read_block(data, padded, buffers)
     np.testing.assert_array_equal(block.w[1], [1, 1, 0, 0])
     assert np.all(full.w == 1)                  # the shared ones were not written
+
+
+@pytest.mark.parametrize("alone_bytes", [0, 1 << 40], ids=["alone", "blocks"])
+def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alone_bytes):
+    """PyTorch's in-process reads take big micro-batches one at a time and small ones in
+    blocks: either way each micro-batch is its ids' samples, with its padding's zero weights."""
+    import torch
+    from hpcsuite.runtime import torch_backend
+    from hpcsuite.runtime.blocks import Buffers
+    from hpcsuite.runtime.sharding import Cursor, Sharder
+
+    monkeypatch.setattr(torch_backend, "ALONE_BYTES", alone_bytes)
+    backend = object.__new__(torch_backend.TorchBackend)      # no Horovod needed to read
+    backend.torch, backend._ones, backend._buffers, backend._read_next = torch, {}, Buffers(), None
+    data = Synthetic(Data(samples=50, shape=[6], classes=4), 2)
+    batches = list(Sharder(50, 2, 1, 8, 5).epoch(Cursor(0, 0)))
+    assert batches[-1].real < 8                                 # the last one is padded
+    got = list(backend._read_in_process(data, batches))
+    assert [b for b, _ in got] == batches
+    for batch, (x, y, w) in got:
+        want_x, want_y = data.get(batch.ids)
+        np.testing.assert_array_equal(x.numpy(), want_x)
+        np.testing.assert_array_equal(y.numpy(), want_y)
+        np.testing.assert_array_equal(w.numpy(), batch.weights)

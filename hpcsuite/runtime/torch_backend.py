@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..usercode import blame
 from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
-from .blocks import Buffers, block_size, plan_blocks, read_block
+from .blocks import ALONE_BYTES, Buffers, block_size, micro_batch_bytes, plan_blocks, read_block
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -115,6 +115,7 @@ class TorchBackend(HorovodBackend):
         self.user_loss_fn = self.user_loss()
         self._read_next = None               # set while _read_in_process feeds the loop
         self._buffers = Buffers()            # blocks are read into these, used again
+        self._ones: dict = {}                # weights of full micro-batches, by size
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
         # What the first training step's forward really computed in (read once, then the hook
@@ -192,7 +193,8 @@ class TorchBackend(HorovodBackend):
             yield batches[i], (x, y, w)
 
     def _read_in_process(self, data, batches):
-        """The micro-batches, read in blocks (see :func:`.blocks.read_block`: one dataset call
+        """The micro-batches: big ones alone (:meth:`_read_alone`), smaller ones in blocks
+        (see :func:`.blocks.read_block`: one dataset call
         and one tensor per field for a block, a view of it per micro-batch). The next block is
         read when free: micro_step asks for it after the backward pass has handed the gradients
         to Horovod and before the optimizer waits for their allreduce. Blocks are read into
@@ -200,6 +202,9 @@ class TorchBackend(HorovodBackend):
         if not batches:
             return
         from_numpy = self.torch.from_numpy
+        if micro_batch_bytes(data, len(batches[0].ids)) >= ALONE_BYTES:
+            yield from self._read_alone(data, batches)
+            return
         groups = iter(plan_blocks(batches, block_size(data, len(batches[0].ids))))
         ready: list = []                     # the block's micro-batches not handed out, last first
 
@@ -221,6 +226,19 @@ class TorchBackend(HorovodBackend):
         finally:
             if self._read_next is read_next:
                 self._read_next = None
+
+    def _read_alone(self, data, batches):
+        """Micro-batches of :data:`.blocks.ALONE_BYTES` or more, each read by itself into a
+        new array at the start of its step, as a plain loop reads them."""
+        from_numpy, ones = self.torch.from_numpy, self._ones
+        for batch in batches:
+            x, y = data.get(batch.ids)
+            size = len(batch.ids)
+            if batch.real < size:
+                w = from_numpy(batch.weights)
+            elif (w := ones.get(size)) is None:
+                w = ones[size] = self.torch.ones(size)   # never written: weights only multiply
+            yield batch, (from_numpy(x), from_numpy(y), w)
 
     # ---------------------------------------------------------------- step
     def micro_step(self, inputs, scale, last, padded=True):
