@@ -127,8 +127,8 @@ def test_full_blocks_share_ones_and_padded_blocks_keep_their_weights():
     assert np.all(full.w == 1)                  # the shared ones were not written
 
 
-@pytest.mark.parametrize("alone_bytes", [0, 1 << 40], ids=["alone", "blocks"])
-def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alone_bytes):
+@pytest.mark.parametrize("alone", [True, False], ids=["alone", "blocks"])
+def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alone):
     """PyTorch's in-process reads take big micro-batches one at a time and small ones in
     blocks: either way each micro-batch is its ids' samples, with its padding's zero weights."""
     import torch
@@ -136,7 +136,7 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
     from hpcsuite.runtime.blocks import Buffers
     from hpcsuite.runtime.sharding import Cursor, Sharder
 
-    monkeypatch.setattr(torch_backend, "ALONE_BYTES", alone_bytes)
+    monkeypatch.setattr(torch_backend, "reads_alone", lambda data, batch: alone)
     backend = object.__new__(torch_backend.TorchBackend)      # no Horovod needed to read
     backend.torch, backend._ones, backend._buffers, backend._read_next = torch, {}, Buffers(), None
     data = Synthetic(Data(samples=50, shape=[6], classes=4), 2)
@@ -149,3 +149,13 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
         np.testing.assert_array_equal(x.numpy(), want_x)
         np.testing.assert_array_equal(y.numpy(), want_y)
         np.testing.assert_array_equal(w.numpy(), batch.weights)
+
+
+def test_which_micro_batches_are_read_alone():
+    from hpcsuite.runtime.blocks import reads_alone
+
+    def of(shape):
+        return Synthetic(Data(samples=4, shape=shape, classes=2), 0)
+    assert not reads_alone(of([16]), 32)            # 2 KB: blocks of 64
+    assert reads_alone(of([784]), 128)              # 401 KB: alone
+    assert not reads_alone(of([784]), 512)          # 1.6 MB: a block of one, into reused arrays

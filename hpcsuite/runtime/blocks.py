@@ -29,12 +29,19 @@ class Block(NamedTuple):
     w: np.ndarray          # [k, B] float32 weights (0 for padding)
 
 
-# A micro-batch of at least this many input bytes is better read alone, into a new array, at
-# the start of its step (PyTorch's in-process reads): per-call costs are small beside its copy,
-# and it is still in cache when the forward pass reads it. Measured on 1 ms steps against
-# blocks of two read into arrays used again: 2-3 % faster at 100-400 KB per micro-batch,
-# even at 1.6 MB; blocks stay 4-5 % faster at 2-32 KB.
+# A micro-batch of at least ALONE_BYTES and less than BLOCK_BYTES of inputs is better read
+# alone, into a new array, at the start of its step (PyTorch's in-process reads): per-call costs
+# are small beside its copy, and it is still in cache when the forward pass reads it. Measured
+# on 1 ms steps against blocks of two read into arrays used again: 2-3 % faster at 100-400 KB
+# per micro-batch; blocks stay 4-5 % faster at 2-32 KB. From BLOCK_BYTES up a block is one
+# micro-batch anyway, read into arrays used again (:class:`Buffers`, measured at 1.6 MB).
 ALONE_BYTES = 1 << 16
+
+
+def reads_alone(data, batch: int) -> bool:
+    """Whether micro-batches of ``batch`` samples of ``data`` are read one at a time into new
+    arrays rather than in blocks (see ALONE_BYTES)."""
+    return ALONE_BYTES <= micro_batch_bytes(data, batch) < BLOCK_BYTES
 
 
 def micro_batch_bytes(data, batch: int) -> int:

@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..usercode import blame
 from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
-from .blocks import ALONE_BYTES, Buffers, block_size, micro_batch_bytes, plan_blocks, read_block
+from .blocks import Buffers, block_size, plan_blocks, read_block, reads_alone
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -202,7 +202,7 @@ class TorchBackend(HorovodBackend):
         if not batches:
             return
         from_numpy = self.torch.from_numpy
-        if micro_batch_bytes(data, len(batches[0].ids)) >= ALONE_BYTES:
+        if reads_alone(data, len(batches[0].ids)):
             yield from self._read_alone(data, batches)
             return
         groups = iter(plan_blocks(batches, block_size(data, len(batches[0].ids))))
@@ -228,7 +228,7 @@ class TorchBackend(HorovodBackend):
                 self._read_next = None
 
     def _read_alone(self, data, batches):
-        """Micro-batches of :data:`.blocks.ALONE_BYTES` or more, each read by itself into a
+        """Mid-sized micro-batches (:func:`.blocks.reads_alone`), each read by itself into a
         new array at the start of its step, as a plain loop reads them."""
         from_numpy, ones = self.torch.from_numpy, self._ones
         for batch in batches:
