@@ -144,8 +144,11 @@ def test_a_study_of_a_users_script_survives_an_interrupt(local_cluster, tmp_path
                                      "axes: {nodes: [1, 2]}\nrepeats: 1\nwarmup_steps: 3\n"
                                      "steps: 20\n")
     study_dir = work / "studies" / "digits"
+    # Ctrl-C is what this test means: a suite started in the background (`make test &`) would
+    # hand the command SIGINT ignored, and Python then never raises KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-m", "hpcsuite", "study", "run", "study.yaml", "--wait"],
-                            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     def submitted() -> bool:                      # the first point is in Slurm
         try:
             return "job_id" in json.loads((study_dir / "state.json").read_text())["p00-r0"]
