@@ -90,3 +90,36 @@ def test_every_module_the_runtime_imports_is_in_the_train_extra():
     used |= _third_party_imports([root / "hpcsuite" / "api.py"])
     missing = {m for m in used - SETUP_INSTALLED if aliases.get(m, m) not in train | base}
     assert not missing, f"imported by the runtime but in no install extra: {sorted(missing)}"
+
+
+def test_everyday_commands_load_only_their_own_module():
+    """render and submit import no study, sweep, bench, cluster, config or lint module: those
+    load when their command is named (cli.LAZY_COMMANDS)."""
+    from hpcsuite.cli import LAZY_COMMANDS
+
+    probe = ("import json, sys\nfrom hpcsuite.cli import main\ntry:\n"
+             "    main(args=sys.argv[1:], prog_name='hpcsuite')\nexcept SystemExit:\n    pass\n"
+             "print('\\nCLI=' + json.dumps(sorted(m for m in sys.modules "
+             "if m.startswith('hpcsuite.cli.'))))")
+    for args in (["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
+                 ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"]):
+        out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+                             timeout=60)
+        line = [l for l in out.stdout.splitlines() if l.startswith("CLI=")]
+        assert line, out.stderr
+        assert json.loads(line[-1][4:]) == ["hpcsuite.cli.commands"]
+    assert set(LAZY_COMMANDS.values()) >= {"study_cmd", "sweep_cmd", "bench_cmd"}
+
+
+def test_every_lazy_command_is_registered_by_its_module():
+    import click
+
+    from hpcsuite.cli import LAZY_COMMANDS, main
+
+    ctx = click.Context(main)
+    for name, module in LAZY_COMMANDS.items():
+        command = main.get_command(ctx, name)
+        assert command is not None and command.name == name, (name, module)
+        assert command.callback.__module__ == f"hpcsuite.cli.{module}"
+    listed = main.list_commands(ctx)
+    assert listed == sorted(main.commands) and set(LAZY_COMMANDS) <= set(listed)

@@ -57,7 +57,29 @@ class Group(click.Group):
             ctx.exit(INTERNAL_ERROR)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Commands whose modules are imported only when asked for: `render` and `submit` on a login
+# node pay for the commands they run, not for studies, sweeps, benchmarks or the local cluster.
+LAZY_COMMANDS = {"bench": "bench_cmd", "cluster": "cluster_cmd", "config": "config_cmd",
+                 "lint": "templates_cmd", "study": "study_cmd", "sweep": "sweep_cmd",
+                 "templates": "templates_cmd"}
+
+
+class MainGroup(Group):
+    """The top-level group: imports a command's module the first time the command is named
+    (click's lazily loaded subcommands); `--help` and completion list every command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
+            import importlib
+
+            importlib.import_module(f"{__name__}.{LAZY_COMMANDS[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpcsuite")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
@@ -140,10 +162,7 @@ set_option = click.option(
          "(the last and strongest layer).")
 
 
-from . import commands, cluster_cmd, config_cmd, templates_cmd  # noqa: E402,F401  (registers the commands)
-from . import bench_cmd  # noqa: E402,F401  (hpcsuite bench)
-from . import study_cmd  # noqa: E402,F401
-from . import sweep_cmd  # noqa: E402,F401  (hpcsuite sweep)
+from . import commands  # noqa: E402,F401  (registers the everyday commands; LAZY_COMMANDS the rest)
 
 
 @main.command()
