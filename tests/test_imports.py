@@ -18,6 +18,7 @@ except SystemExit:
     pass
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
 print("\\nHEAVY=" + json.dumps(heavy))
+print("CLI=" + json.dumps(sorted(m for m in sys.modules if m.startswith("hpcsuite.cli."))))
 """.format(heavy=set(HEAVY))
 
 COMMANDS = [
@@ -97,13 +98,9 @@ def test_everyday_commands_load_only_their_own_module():
     load when their command is named (cli.LAZY_COMMANDS)."""
     from hpcsuite.cli import LAZY_COMMANDS
 
-    probe = ("import json, sys\nfrom hpcsuite.cli import main\ntry:\n"
-             "    main(args=sys.argv[1:], prog_name='hpcsuite')\nexcept SystemExit:\n    pass\n"
-             "print('\\nCLI=' + json.dumps(sorted(m for m in sys.modules "
-             "if m.startswith('hpcsuite.cli.'))))")
     for args in (["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
                  ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"]):
-        out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
                              timeout=60)
         line = [l for l in out.stdout.splitlines() if l.startswith("CLI=")]
         assert line, out.stderr
