@@ -66,11 +66,14 @@ def check_report(study_dir: Path, env: dict) -> dict:
         assert m["now_of_limit"] == rows[1]["of_limit"]
     assert not report["warnings"], report["warnings"]      # every version recorded
     # Each point's step predicted by the step model from the study's own measurements: the
-    # 1-rank point is its own computation; the 2-rank point adds MPI's fitted allreduce at
-    # Horovod's cycle, nothing overlapped (one core per rank).
+    # 1-rank point is its own computation; the 2-rank point draws each rank's computation
+    # from its limit's step times and adds MPI's fitted allreduce at Horovod's cycle, nothing
+    # overlapped (one core per rank).
     assert rows[0]["predicted_step_s"] == pytest.approx(rows[0]["step_s"]["median"])
     p = rows[1]["prediction"]
-    assert rows[1]["predicted_step_s"] > rows[0]["step_s"]["median"]
+    assert p["computation"] == "the limit on 2 ranks"
+    assert rows[1]["predicted_step_s"] > p["compute_s"] > 0
+    assert p["via_1_rank"]["step_s"] > rows[0]["step_s"]["median"]
     assert rows[1]["predicted_error"] == pytest.approx(
         rows[1]["predicted_step_s"] / rows[1]["step_s"]["median"] - 1)
     assert p["fabric"] == "MPI's allreduce" and p["backward_fraction"] == 0

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hpcsuite.cli import main
 from hpcsuite.fabrics import BASE_LATENCY_US, Fabric, Link, PRESETS, from_profile
 from hpcsuite.study.predict import (MiB, Knobs, Workload, allreduce_s, allreduces, point,
-                                    predict, steady_step_s, step_s)
+                                    predict, sampled_step_s, steady_step_s, step_s)
 
 BASE = BASE_LATENCY_US * 1e-6          # 8.4 us, paid once by every allreduce
 ONE_GB = Fabric("test", Link(1.0, 0.0))                  # 1 GB/s, no per-step latency
@@ -211,3 +211,33 @@ def test_steps_back_to_back_lock_to_the_cycle():
     # No cycle: the same as one step.
     assert steady_step_s(w, 2, 1, fabric, Knobs(cycle_ms=0.0, fusion_mb=4096.0)) == \
         pytest.approx(1.4, rel=1e-12)
+
+
+def test_a_varying_computation_waits_for_the_slowest_rank_and_more_cycles():
+    fabric = Fabric("fit", Link(1.0, 0.0), base_latency_us=0.0)
+    w = Workload(2e8, 1.2, 64, backward_fraction=0.0)
+    k = Knobs(cycle_ms=1000.0, fusion_mb=4096.0)
+    # One value: exactly the fixed computation's steps back to back.
+    assert sampled_step_s(w, [1.2], 2, 1, fabric, k) == steady_step_s(w, 2, 1, fabric, k)
+    # No cycle, two ranks each drawing 1 s or 2 s: the slower is 2 s with probability 3/4, so
+    # a step is 1.75 + 0.2 s of allreduce on average (2000 sampled steps: within 2 %). One
+    # rank: the mean computation, no allreduce.
+    none = Knobs(cycle_ms=0.0, fusion_mb=4096.0)
+    assert sampled_step_s(w, [1.0, 2.0], 2, 1, fabric, none) == pytest.approx(1.95, rel=0.02)
+    assert sampled_step_s(w, [1.0, 2.0], 1, 1, fabric, none) == pytest.approx(1.5, rel=0.02)
+    # Four ranks: the slowest of four draws is 2 s with probability 15/16.
+    assert sampled_step_s(w, [1.0, 2.0], 4, 1, fabric, none) == pytest.approx(
+        1 / 16 + 2 * 15 / 16 + 0.3, rel=0.02)
+    # The same draws every time (a report read twice says the same).
+    assert sampled_step_s(w, [0.5, 1.7], 2, 1, fabric, k) == \
+        sampled_step_s(w, [0.5, 1.7], 2, 1, fabric, k)
+    # With the 1 s cycle, computations of 0.6 s or 1.2 s (+ 0.2 s of allreduce) end within 1
+    # or 2 whole cycles. One rank has no allreduce and no cycle wait: the mean, 0.9 s. Two
+    # ranks: the slower draw is 1.2 s with probability 3/4, so 0.25 x 1 + 0.75 x 2 = 1.75
+    # cycles; their mean computation, fixed, would be 2 cycles every step.
+    assert sampled_step_s(w, [0.6, 1.2], 1, 1, fabric, k) == pytest.approx(0.9, rel=0.02)
+    assert sampled_step_s(w, [0.6, 1.2], 2, 1, fabric, k) == pytest.approx(1.75, rel=0.02)
+    assert steady_step_s(Workload(2e8, 0.9, 64, backward_fraction=0.0), 2, 1, fabric, k) == \
+        pytest.approx(2.0, rel=1e-12)
+    with pytest.raises(ValueError):
+        sampled_step_s(w, [], 2, 1, fabric, k)

@@ -19,9 +19,12 @@ GRADIENT_BYTES = 200_000
 
 
 def fake(path, configs, mode="weak", fits=(("mpi", MPI_FIT), ("horovod", HOROVOD_FIT)),
-         write_job=True):
+         write_job=True, limits=None):
     """A finished study: ``configs`` is a list of (axes, step seconds, batch per rank, job's
-    train.horovod, cpus per task); each configuration gets two repeats of that step."""
+    train.horovod, cpus per task); each configuration gets two repeats of that step.
+    ``limits`` maps a configuration's index to its no-communication limit's step times, one
+    list per rank (each rank's record, rank-R.json), the same in both repeats."""
+    limits = limits or {}
     path.mkdir(parents=True)
     axes_keys = {k for axes, *_ in configs for k in axes if k not in ("nodes", "tasks_per_node")}
     axes_yaml = ", ".join(f"{k}: [1]" for k in sorted(axes_keys | {"nodes"}))
@@ -43,6 +46,19 @@ def fake(path, configs, mode="weak", fits=(("mpi", MPI_FIT), ("horovod", HOROVOD
                 "status": "completed", "step_times_s": [step] * 10,
                 "batch_size_per_rank": batch, "world_size": ranks, "grad_accumulation": 1,
                 "gradient_bytes": GRADIENT_BYTES, "gradient_tensors": 4}))
+            if i in limits:
+                lid = f"p{i:02d}L-r{repeat}"
+                points.append(st.Point(lid, "limit", f"p{i:02d}", axes, repeat, f"s-{lid}"))
+                state[lid] = {"job_id": str(500 + len(points)), "status": "done", "attempts": 1}
+                lrun = path / "runs" / f"s-{lid}" / state[lid]["job_id"]
+                lrun.mkdir(parents=True)
+                (lrun / "results.json").write_text(json.dumps({
+                    "status": "completed", "step_times_s": limits[i][0],
+                    "batch_size_per_rank": batch, "world_size": ranks,
+                    "grad_accumulation": 1}))
+                for rank, times in enumerate(limits[i]):
+                    (lrun / f"rank-{rank}.json").write_text(json.dumps(
+                        {"rank": rank, "step_time_s": times}))
             if write_job:
                 (run / "job.json").write_text(json.dumps({
                     "resources": {"nodes": axes["nodes"], "cpus_per_task": cpus},
@@ -213,3 +229,42 @@ def test_study_predict_reads_one_per_rank_batch_of_a_study_that_sweeps_it(tmp_pa
     # per allreduce: 4.2284 ms of work, so steps back to back last ceil(4.2284) = 5 cycles.
     assert result["workload"]["batch"] == 128
     assert result["series"]["current"][1]["step_ms"] == pytest.approx(5.0, rel=1e-9)
+
+
+def test_the_limit_on_the_points_own_ranks_is_each_ranks_computation(tmp_path):
+    # No cycle (0 ms), so a step is its computation + 0.22 ms of allreduce. The 2-rank limit's
+    # ranks took 1.0 ms (rank 0) and 1.4 ms (rank 1) a step: each simulated step draws one of
+    # the 20 for each rank and waits for the slower, 1.4 ms with probability 3/4:
+    # 0.25 x 1.0 + 0.75 x 1.4 + 0.22 = 1.52 ms (sampled: within 2 %). Fed the 1-rank point's
+    # 1.2 ms instead: 1.42 ms, exactly.
+    configs = [({"nodes": 1}, 1.2e-3, 32, {"cycle_time_ms": 0}, 1),
+               ({"nodes": 2}, 1.6e-3, 32, {"cycle_time_ms": 0}, 1)]
+    limits = {1: [[1.0e-3] * 10, [1.4e-3] * 10]}
+    report = sr.analyse(fake(tmp_path / "s", configs, limits=limits))
+    row = rows_by_config(report)["p01"]
+    p = row["prediction"]
+    assert p["computation"] == "the limit on 2 ranks"
+    assert row["predicted_step_s"] == pytest.approx(1.52e-3, rel=0.02)
+    assert p["via_1_rank"]["step_s"] == pytest.approx(1.42e-3, rel=1e-9)
+    assert p["via_1_rank"]["error"] == pytest.approx((1.42 - 1.6) / 1.6, rel=1e-9)
+    # The 1-rank point stays its own computation; the report is the same when read again.
+    assert rows_by_config(report)["p00"]["predicted_error"] == pytest.approx(0.0)
+    again = rows_by_config(sr.analyse(st.StudyDir(tmp_path / "s")))["p01"]
+    assert again["predicted_step_s"] == row["predicted_step_s"]
+    text = sr.table(report)
+    assert ("computation: the limit on the point's own ranks for 1 point(s) (each rank's step "
+            "times; a step waits for the slowest rank)") in text
+    assert ("fed the series' 1-rank point instead: within ±15% for 1 of 1 (worst: p01 (all, "
+            "2 rank(s)), -11.3%)") in text
+    assert "step_times" not in json.dumps(report)
+
+
+def test_a_limit_without_a_1_rank_point_still_predicts(tmp_path):
+    # Only 2 and 3 nodes; the 2-node limit's ranks both 1.3 ms: 1.3 + 0.22 = 1.52 ms exactly.
+    configs = [({"nodes": 2}, 1.5e-3, 32, {"cycle_time_ms": 0}, 1),
+               ({"nodes": 3}, 2.5e-3, 32, {"cycle_time_ms": 0}, 1)]
+    rows = rows_by_config(sr.analyse(fake(tmp_path / "s", configs,
+                                          limits={0: [[1.3e-3] * 10, [1.3e-3] * 10]})))
+    assert rows["p00"]["predicted_step_s"] == pytest.approx(1.52e-3, rel=1e-9)
+    assert "via_1_rank" not in rows["p00"]["prediction"]
+    assert rows["p01"]["predicted_step_s"] is None

@@ -24,6 +24,7 @@ Efficiency(N) = throughput(N) / (N x throughput(1 GPU)) = k x step_s / step(N).
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, replace
 
 from ..fabrics import Fabric
@@ -167,20 +168,58 @@ def steady_step_s(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fa
     this machine 2.13 ms = two cycles of ~1.07 ms at batch 128, against 1.08 ms with no
     allreduce: docs/BENCHMARKS.md, "Fourth run"). :func:`step_s` (ticks from the step's
     start) is the first step; this carries the phase from step to step."""
-    compute_end = knobs.accumulation * workload.step_s
     cycle = knobs.cycle_ms / 1000
     if nodes * gpus_per_node < 2 or workload.gradient_bytes <= 0 or cycle <= 0:
         return step_s(workload, nodes, gpus_per_node, fabric, knobs)
+    lengths = _back_to_back(lambda: workload, settle + steps, nodes, gpus_per_node, fabric,
+                            knobs)
+    return sum(lengths[settle:]) / steps
+
+
+def sampled_step_s(workload: Workload, computes: list[float], nodes: int, gpus_per_node: int,
+                   fabric: Fabric, knobs: Knobs, steps: int = 2000, settle: int = 50,
+                   seed: int = 0) -> float:
+    """The mean step, back to back, when the computation varies from step to step.
+
+    ``computes`` are measured seconds per micro-batch of one rank (a job's step times, each
+    rank's). Each simulated step draws one of them for every one of the N ranks, and the
+    slowest sets the step: the ranks meet at the allreduce (Horovod's coordinator starts it
+    once every rank has asked for it). The cycle's phase carries from step to step as in
+    :func:`steady_step_s`. A computation that varies crosses more cycle boundaries than its
+    median would, and N ranks wait for the slowest of N draws: both lengthen the step beyond
+    what one fixed computation gives. Deterministic (``seed``); with one value it is
+    :func:`steady_step_s`."""
+    if not computes:
+        raise ValueError("no measured computation to draw from")
+    if min(computes) == max(computes):
+        return steady_step_s(replace(workload, step_s=computes[0]), nodes, gpus_per_node,
+                             fabric, knobs)
+    rng, ranks = random.Random(seed), nodes * gpus_per_node
+    draw = lambda: replace(workload, step_s=max(rng.choice(computes) for _ in range(ranks)))
+    if ranks < 2 or workload.gradient_bytes <= 0 or knobs.cycle_ms <= 0:
+        lengths = [step_s(draw(), nodes, gpus_per_node, fabric, knobs)
+                   for _ in range(settle + steps)]
+    else:
+        lengths = _back_to_back(draw, settle + steps, nodes, gpus_per_node, fabric, knobs)
+    return sum(lengths[settle:]) / steps
+
+
+def _back_to_back(workload_of_step, count: int, nodes: int, gpus_per_node: int,
+                  fabric: Fabric, knobs: Knobs) -> list[float]:
+    """The lengths of ``count`` steps run back to back, each step's workload from
+    ``workload_of_step()``, the cycle's phase carried from one to the next."""
+    cycle = knobs.cycle_ms / 1000
     phase, lengths = 0.0, []
-    for _ in range(settle + steps):
+    for _ in range(count):
+        workload = workload_of_step()
         ops = allreduces(workload, nodes, gpus_per_node, fabric, knobs, phase)
         start, end, _ = ops[-1]
-        length = max(compute_end, end)
+        length = max(knobs.accumulation * workload.step_s, end)
         lengths.append(length)
         # The next cycle starts a cycle after the last one's start, or when it ends if longer.
         anchor = start if end - start < cycle else end
         phase = (anchor - length) % cycle
-    return sum(lengths[settle:]) / steps
+    return lengths
 
 
 def point(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,

@@ -53,10 +53,32 @@ def _job(sd: StudyDir, point: Point, entry: dict) -> dict | None:
     return job if isinstance(job, dict) else None
 
 
+def measured_steps(times: list, warmup: int, steps: int) -> list:
+    """The measured window of one job's step times: the warm-up steps left out."""
+    return times[warmup:warmup + steps] if len(times) > warmup + 2 else times[1:]
+
+
+def rank_step_times(sd: StudyDir, point: Point, entry: dict, results: dict, warmup: int,
+                    steps: int) -> list[float]:
+    """Every rank's measured step times of one job, one list (each rank's record; rank 0's
+    results where the records are missing): what the step model draws each rank's
+    computation from."""
+    run, out = RunDir(sd.run_dir(point, entry["job_id"])), []
+    for rank in range(int(results.get("world_size") or 1)):
+        try:
+            times = json.loads(run.rank_record(rank).read_text()).get("step_time_s")
+        except (OSError, ValueError, AttributeError):
+            times = None
+        if isinstance(times, list):
+            out += [t for t in measured_steps(times, warmup, steps)
+                    if isinstance(t, (int, float)) and t > 0]
+    return out or [t for t in measured_steps(results.get("step_times_s") or [], warmup, steps)
+                   if isinstance(t, (int, float)) and t > 0]
+
+
 def throughput(results: dict, warmup: int, steps: int) -> tuple[float, float] | None:
     """(samples/s, median step seconds) over the measured steps of one job."""
-    times = results.get("step_times_s") or []
-    measured = times[warmup:warmup + steps] if len(times) > warmup + 2 else times[1:]
+    measured = measured_steps(results.get("step_times_s") or [], warmup, steps)
     if not measured:
         return None
     step = statistics.median(measured)
@@ -120,7 +142,7 @@ def analyse(sd: StudyDir) -> dict:
             "series": axes_label({k: v for k, v in point.axes.items()
                               if k not in ("nodes", "tasks_per_node")}) or "all",
             "throughput": [], "step_s": [], "limit_throughput": [], "limit_step_s": [],
-            "jobs": [], "results": None, "job": None})
+            "jobs": [], "results": None, "job": None, "step_times": [], "limit_step_times": []})
         results = _results(sd, point, state.get(point.id, {}))
         if results is None:
             continue
@@ -130,6 +152,8 @@ def analyse(sd: StudyDir) -> dict:
         prefix = "limit_" if point.kind == "limit" else ""
         row[f"{prefix}throughput"].append(measured[0])
         row[f"{prefix}step_s"].append(measured[1])
+        row[f"{prefix}step_times"] += rank_step_times(sd, point, state[point.id], results,
+                                                      study.warmup_steps, study.steps)
         if point.kind == "train":
             row["jobs"].append(state[point.id]["job_id"])
             row["results"] = row["results"] or results
@@ -152,8 +176,8 @@ def analyse(sd: StudyDir) -> dict:
                                                  int(row["axes"]["tasks_per_node"])), (None, None)))
     predict_rows(rows, models)
     for row in rows:
-        row.pop("results")
-        row.pop("job")
+        for key in ("results", "job", "step_times", "limit_step_times"):
+            row.pop(key)
     return {"study": study.name, "mode": study.mode, "warmup_steps": study.warmup_steps,
             "steps": study.steps, "repeats": study.repeats, "rows": rows,
             "warnings": environment_warnings(sd),
@@ -265,9 +289,10 @@ def table(report: dict) -> str:
              f"{report['steps']} measured steps after {report['warmup_steps']} warm-up)",
              *report.get("warnings", []),
              "measured: from the jobs' step times (limit/s, of limit: the same configuration "
-             "without the allreduce); predicted: the step model (compute from the series' "
-             "1-rank point, the fitted allreduce, Horovod's cycle, fusion), error against the "
-             "measured step; comm ms: predicted by the allreduce model",
+             "without the allreduce); predicted: the step model (each rank's computation from "
+             "the limit on the same ranks, else the series' 1-rank point; the fitted "
+             "allreduce, Horovod's cycle, fusion), error against the measured step; comm ms: "
+             "predicted by the allreduce model",
              header(w),
              f"{'':<{w}} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
              f"{'measured':>8} {'measured':>8} {'predicted':>9} {'':>7} {'predicted':>9}"]
