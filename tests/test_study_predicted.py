@@ -198,6 +198,11 @@ def test_the_summary_line_names_the_worst_point():
     assert lines[0] == ("prediction within ±15% for 2 of 3 points "
                         "(worst: p03 (all, 2 rank(s)), +15.1%)")
     assert len(lines) == 2 and "p03" in lines[1]
+    flagged = [row("p01", 0.10), {**row("p02", -0.30), "flags": ["repeats spread 1.4x"]}]
+    lines = sp.summary(flagged)
+    assert lines[1] == ("  of the 1 points the report does not flag: 1 within (a flagged "
+                        "point's repeats or limit disagree: its measurement, not the model, is "
+                        "in question)")
 
 
 def test_study_predict_reads_one_per_rank_batch_of_a_study_that_sweeps_it(tmp_path):

@@ -171,6 +171,12 @@ def summary(rows: list[dict]) -> list[str]:
             f"prediction within ±{TOLERANCE:.0%} for {len(inside)} of {len(done)} points "
             f"(worst: {_name(worst)}, {_pct(worst['predicted_error'])})"
             + (f"; {own} of them 1-rank points, their own computation" if own else ""))
+        sound = [r for r in done if not r.get("flags")]
+        if len(sound) < len(done):
+            lines.append(f"  of the {len(sound)} points the report does not flag: "
+                         f"{sum(1 for r in sound if abs(r['predicted_error']) <= TOLERANCE)} "
+                         f"within (a flagged point's repeats or limit disagree: its measurement, "
+                         f"not the model, is in question)")
         for r in done:
             if abs(r["predicted_error"]) > TOLERANCE:
                 lines.append(f"  outside ±{TOLERANCE:.0%}: {_name(r)}: predicted "
