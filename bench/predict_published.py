@@ -4,7 +4,9 @@ One model, one set of constants, stated before comparing: the `25gbe-roce` prese
 bus bandwidth, NCCL's 9.6 us per network step), hpcsuite's default knobs (64 MB fusion, 1 ms
 cycle, fp32, no accumulation, flat ring), backward = 2/3 of a step, 4 GPUs per server, the
 GPUs of a server linked as the servers are (their link was not published). Inputs: each
-model's public parameter count and the published single-GPU throughput at batch 64.
+model's public parameter count and the published single-GPU throughput at batch 64. ResNet-101 has no published P100 throughput of its own: it is
+predicted at both of its published neighbours' (ResNet-50 and ResNet-152, the same bottleneck
+blocks, fewer and more of them), which bracket its own, and the row gives both ends.
 
     python bench/predict_published.py [--budget SECONDS]
 
@@ -26,14 +28,17 @@ HOROVOD_EARLY = ("Horovod README before the 512-GPU run, as kept in github.com/a
 TF_P100 = "tensorflow docs_src/performance/benchmarks.md, DGX-1 P100, synthetic, batch 64"
 KERAS = "keras.io/api/applications (parameter count)"
 
-MODELS = {   # name: (parameters, single-GPU images/s at batch 64, sources)
-    "Inception V3": (23_851_784, 142.0),
-    "VGG-16": (138_357_544, 154.0),
+MODELS = {   # name: (parameters, single-GPU images/s at batch 64: one, or the two that bracket it)
+    "Inception V3": (23_851_784, (142.0,)),
+    "VGG-16": (138_357_544, (154.0,)),
+    "ResNet-101": (44_707_176, (219.0, 91.8)),      # ResNet-50's and ResNet-152's
 }
 PUBLISHED = [   # (model, servers, efficiency, source)
     ("Inception V3", 128, 0.90, HOROVOD),
+    ("ResNet-101", 128, 0.90, HOROVOD),
     ("VGG-16", 128, 0.68, HOROVOD),
     ("Inception V3", 32, 0.90, HOROVOD_EARLY),
+    ("ResNet-101", 32, 0.90, HOROVOD_EARLY),
     ("VGG-16", 32, 0.79, HOROVOD_EARLY),
 ]
 GPUS_PER_SERVER, BATCH = 4, 64
@@ -49,11 +54,14 @@ def main() -> int:
     done = 0
     with budget.watch():
         for model, servers, published, source in budget.each(PUBLISHED):
-            params, per_gpu = MODELS[model]
-            workload = Workload(params * 4.0, BATCH / per_gpu, BATCH)
-            eff = point(workload, servers, GPUS_PER_SERVER, fabric, Knobs())["efficiency"]
-            print(f"| {model} | {servers * GPUS_PER_SERVER} | {published:.0%} | {eff:.1%} | "
-                  f"{(eff - published) * 100:+.1f} |", flush=True)
+            params, throughputs = MODELS[model]
+            effs = sorted(point(Workload(params * 4.0, BATCH / per_gpu, BATCH), servers,
+                                GPUS_PER_SERVER, fabric, Knobs())["efficiency"]
+                          for per_gpu in throughputs)
+            predicted = " to ".join(f"{e:.1%}" for e in effs)
+            points = " to ".join(f"{(e - published) * 100:+.1f}" for e in effs)
+            print(f"| {model} | {servers * GPUS_PER_SERVER} | {published:.0%} | {predicted} | "
+                  f"{points} |", flush=True)
             done += 1
     budget.report(done, len(PUBLISHED), "rows")
     print(f"\nsources: {HOROVOD}; {HOROVOD_EARLY}; throughput: {TF_P100}; {KERAS}")
