@@ -63,17 +63,19 @@ def rank_step_times(sd: StudyDir, point: Point, entry: dict, results: dict, warm
     """Every rank's measured step times of one job, one list (each rank's record; rank 0's
     results where the records are missing): what the step model draws each rank's
     computation from."""
+    def window(times) -> list[float]:
+        if not isinstance(times, list):
+            return []
+        return [t for t in measured_steps(times, warmup, steps)
+                if isinstance(t, (int, float)) and t > 0]
+
     run, out = RunDir(sd.run_dir(point, entry["job_id"])), []
     for rank in range(int(results.get("world_size") or 1)):
         try:
-            times = json.loads(run.rank_record(rank).read_text()).get("step_time_s")
+            out += window(json.loads(run.rank_record(rank).read_text()).get("step_time_s"))
         except (OSError, ValueError, AttributeError):
-            times = None
-        if isinstance(times, list):
-            out += [t for t in measured_steps(times, warmup, steps)
-                    if isinstance(t, (int, float)) and t > 0]
-    return out or [t for t in measured_steps(results.get("step_times_s") or [], warmup, steps)
-                   if isinstance(t, (int, float)) and t > 0]
+            pass
+    return out or window(results.get("step_times_s"))
 
 
 def throughput(results: dict, warmup: int, steps: int) -> tuple[float, float] | None:
