@@ -16,3 +16,19 @@ def test_scripts_match_their_specs():
             stale.append(path.name)
     assert not stale, (f"sbatch/ scripts out of date with their specs or the templates: {stale}. "
                        "Regenerate with `make golden` and review the diff.")
+
+
+def test_job_json_is_renamed_into_place_never_rewritten_where_status_reads_it():
+    """A requeued attempt runs the batch script again while `hpcsuite status` may read the
+    run directory's job.json: a script that truncated it in place let status read an empty
+    file (CI, stop 29). Every script writes it beside and renames it in."""
+    import re
+    from hpcsuite.runs.rundir import JOB
+
+    scripts = expected_scripts(SBATCH)
+    assert scripts
+    target = re.compile(r'(>|cp\s.*)\s*"\$RUN_DIR/' + re.escape(JOB) + '"')
+    for path, text in scripts.items():
+        assert not target.search(text), f"{path.name} writes $RUN_DIR/{JOB} in place"
+        assert f'"$RUN_DIR/{JOB}"\n' in text and f'mv -f "$RUN_DIR/.{JOB}.$$" "$RUN_DIR/{JOB}"' \
+            in text, path.name
