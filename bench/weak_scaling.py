@@ -18,7 +18,10 @@ All report steady-state samples/s with the same warm-up rule. Printed: medians [
 ratios of the medians, and per repeat the ratios of the jobs that ran back to back.
 
     .venv/bin/python bench/weak_scaling.py [--backend torch] [--batches 128,512] [-r 7]
-        [--budget SECONDS]
+        [--nodes 1,2] [--kinds hpcsuite,plain,plain+data,limit] [--budget SECONDS]
+
+--nodes and --kinds narrow a re-measurement to the points and baselines it is about (a round
+of 1 node with hpcsuite and plain+data alone is two jobs instead of three).
 
 Needs the local cluster (`hpcsuite cluster up`); SLURM_CONF is taken from its state. A round is
 one batch, node count and repeat (its jobs back to back); when --budget or a stop signal cuts
@@ -129,10 +132,15 @@ def one_round(env, work: Path, a, batch: int, nodes: int, r: int, shape: int,
         "plain+data": lambda: plain_run(env, work, *common, shape, a.cycle_time, samples, a.spin),
         "limit": lambda: hpcsuite_run(env, work, *common, False, a.cycle_time, a.spin),
     }
-    kinds = [k for k in KINDS if nodes > 1 or k != "limit"]
+    kinds = [k for k in a.kinds if nodes > 1 or k != "limit"]
     # Each repeat starts with another kind: the job that runs first after a switch (of node
     # count or batch) is not always the same one.
     return {kind: runs[kind]() for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]}
+
+
+def absent(kind: str, nodes: int) -> str:
+    """A table cell for a kind with no runs at this point."""
+    return "(itself)" if kind == "limit" and nodes == 1 else "(not run)"
 
 
 def main() -> None:
@@ -146,8 +154,21 @@ def main() -> None:
     ap.add_argument("--spin", action="store_true",
                     help="MPI busy-polls while waiting, on both sides (OpenMPI's default; "
                          "hpcsuite's scripts make ranks with one core yield)")
+    ap.add_argument("--nodes", default="1,2", help="node counts, comma-separated (1, 2 or both)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="the kinds to run, comma-separated; hpcsuite always runs (default: all)")
     Budget.add_argument(ap, 1080, "rounds")
     a = ap.parse_args()
+    try:
+        a.nodes = sorted({int(n) for n in a.nodes.split(",")})
+    except ValueError:
+        ap.error(f"--nodes: {a.nodes!r} is not a comma-separated list of node counts")
+    if not a.nodes or not set(a.nodes) <= {1, 2}:
+        ap.error(f"--nodes: the local cluster has nodes 1 and 2, not {a.nodes}")
+    asked = set(a.kinds.split(","))
+    if asked - set(KINDS):
+        ap.error(f"--kinds: {', '.join(sorted(asked - set(KINDS)))} unknown (one of {', '.join(KINDS)})")
+    a.kinds = [k for k in KINDS if k in asked | {"hpcsuite"}]
     budget = Budget.from_args(a)
     env = cluster_env()
     import yaml
@@ -156,7 +177,7 @@ def main() -> None:
     shape, samples = data["shape"][0], data["samples"]
     results: dict = {}
     step_ms: dict = {}     # (batch, nodes) -> kind -> each job's median step, ms
-    rounds = list(product([int(b) for b in a.batches.split(",")], range(a.repeats), (1, 2)))
+    rounds = list(product([int(b) for b in a.batches.split(",")], range(a.repeats), a.nodes))
     done = 0
     with budget.watch(), tempfile.TemporaryDirectory(prefix="weak-") as tmp:
         work = Path(tmp)
@@ -182,12 +203,12 @@ def main() -> None:
     print(f"{'batch':>5} {'nodes':>5} " + " ".join(f"{k:>24}" for k in KINDS))
     for (batch, nodes), row in sorted(results.items()):
         print(f"{batch:>5} {nodes:>5} " + " ".join(
-            f"{fmt(row[k]) if row[k] else '(itself)':>24}" for k in KINDS))
+            f"{fmt(row[k]) if row[k] else absent(k, nodes):>24}" for k in KINDS))
     print("median step, ms (each job's median, then median [min-max] over the jobs): where "
           "Horovod's cycle time rounds steps up, these sit near whole cycles")
     for (batch, nodes), row in sorted(step_ms.items()):
         cells = [f"{statistics.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]" if (v := row[k])
-                 else "(itself)" for k in KINDS]
+                 else absent(k, nodes) for k in KINDS]
         print(f"{batch:>5} {nodes:>5} " + " ".join(f"{c:>24}" for c in cells))
     print("ratios: of the medians; per repeat: median [min-max] of the ratios of the jobs that "
           "ran back to back")
@@ -201,7 +222,7 @@ def main() -> None:
                   f"per repeat {statistics.median(pairs):6.3f} [{min(pairs):.3f}-{max(pairs):.3f}]")
     for batch in sorted({b for b, n in results if n == 2 and (b, 1) in results}):
         eff = {k: statistics.median(results[(batch, 2)][k]) / (2 * statistics.median(results[(batch, 1)][k]))
-               for k in ("hpcsuite", "plain", "plain+data")}
+               for k in ("hpcsuite", "plain", "plain+data") if k in a.kinds}
         print(f"batch {batch}: weak-scaling efficiency (2-node / 2 x 1-node) " +
               ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
     sys.exit(budget.exit_code())
