@@ -89,10 +89,21 @@ def state_of(env: dict, cwd: Path, job_id: str) -> dict:
     return json.loads(out.stdout)
 
 
+def steps_alive(job_id: str) -> bool:
+    """A step of ``job_id`` still has its slurmstepd on a node (all of the local cluster's
+    nodes are this machine). A node set DOWN and resumed reads idle while its step of the lost
+    attempt is still exiting; a job started again then never gets its first step: its srun
+    waits for that node forever (seen in CI: Slurm's ~2 min hold exists for this)."""
+    done = subprocess.run(["pgrep", "-f", rf"^slurmstepd: \[{job_id.split('_')[0]}\."],
+                          capture_output=True)
+    return done.returncode == 0
+
+
 def hurry_requeued(env: dict, cluster, job_id: str, state: dict) -> None:
-    """Start a requeued job now that both nodes are idle (not after Slurm's ~2 min hold)."""
+    """Start a requeued job now that both nodes are idle and its lost attempt's steps have
+    exited (not after Slurm's ~2 min hold)."""
     if state["state"] == "PENDING" and state.get("reason") == "BeginTime" \
-            and set(cluster.node_states().values()) == {"idle"}:
+            and set(cluster.node_states().values()) == {"idle"} and not steps_alive(job_id):
         time.sleep(1)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
                        capture_output=True)
