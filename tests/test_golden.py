@@ -23,12 +23,12 @@ def test_job_json_is_renamed_into_place_never_rewritten_where_status_reads_it():
     run directory's job.json: a script that truncated it in place let status read an empty
     file (CI, stop 29). Every script writes it beside and renames it in."""
     import re
-    from hpcsuite.runs.rundir import JOB
+    from hpcsuite.runs.rundir import JOB, SHELL_PID, staged_name
 
     scripts = expected_scripts(SBATCH)
     assert scripts
     target = re.compile(r'(>|cp\s.*)\s*"\$RUN_DIR/' + re.escape(JOB) + '"')
+    staged = f'"$RUN_DIR/{staged_name(JOB, SHELL_PID)}"'
     for path, text in scripts.items():
         assert not target.search(text), f"{path.name} writes $RUN_DIR/{JOB} in place"
-        assert f'"$RUN_DIR/{JOB}"\n' in text and f'mv -f "$RUN_DIR/.{JOB}.$$" "$RUN_DIR/{JOB}"' \
-            in text, path.name
+        assert f'mv -f {staged} "$RUN_DIR/{JOB}"\n' in text, path.name

@@ -2,6 +2,7 @@
 from it, and a check that no other module or template spells a run-directory file name."""
 
 import ast
+import json
 import re
 import shlex
 import subprocess
@@ -119,7 +120,7 @@ def test_the_shell_builds_the_names_python_reads(tmp_path):
 def test_the_names_need_no_quoting_in_the_shell():
     """They reach the script unquoted (inside the template's double quotes)."""
     for key, name in RunDir.template_names().items():
-        literal = name.replace(rundir.SHELL_ATTEMPT, "")
+        literal = name.replace(rundir.SHELL_ATTEMPT, "").replace(rundir.SHELL_PID, "")
         assert shlex.quote(literal) == literal, key
 
 
@@ -135,8 +136,15 @@ def test_the_rendered_script_writes_where_rundir_says(tmp_path):
     subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, check=True,
                    env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"})
     run = RunRoot.of(tmp_path / job.output_dir, job.name).run("7")
-    assert run.job.is_file()
+    assert json.loads(run.job.read_text())["name"] == "mlp"
     assert (tmp_path / "env.txt").read_text() == str(run.path)
+    assert sorted(p.name for p in run.path.iterdir()) == [rundir.JOB]   # the staged copy renamed in
+    # A requeued attempt runs it again over the same run directory: replaced whole.
+    run.job.write_text("{}")
+    subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, check=True,
+                   env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"})
+    assert json.loads(run.job.read_text())["name"] == "mlp"
+    assert sorted(p.name for p in run.path.iterdir()) == [rundir.JOB]
 
 
 # ---------------------------------------------------------------------- nobody else spells them

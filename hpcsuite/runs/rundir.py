@@ -50,6 +50,7 @@ from pathlib import Path
 
 ENV = "HPCSUITE_RUN_DIR"      # the batch script exports the run directory to every rank
 SHELL_ATTEMPT = "${SLURM_RESTART_COUNT:-0}"   # the attempt number, as the batch shell reads it
+SHELL_PID = "$$"              # the batch shell's process id: its staged files are its own
 
 JOB = "job.json"
 PROFILE = "profile.json"
@@ -92,6 +93,12 @@ _TIMELINE_WINDOW = re.compile(r"horovod-timeline-steps-(\d+)-(\d+)\.json$")
 
 # ------------------------------------------------------------------- names (relative)
 # ``attempt`` may be a number or a shell expression (SHELL_ATTEMPT) for the template.
+def staged_name(name: str, writer: int | str) -> str:
+    """Where ``writer`` (a process id, or SHELL_PID) writes ``name`` before renaming it in:
+    beside it, hidden, so that a reader sees the old file or the new one, never half."""
+    return f".{name}.{writer}"
+
+
 def ready_name(attempt: int | str) -> str:
     return f"{READY}/attempt-{attempt}"
 
@@ -345,6 +352,7 @@ class RunDir:
     def template_names() -> dict[str, str]:
         """The names the batch template writes and reads in ``$RUN_DIR`` (its ``rundir``),
         those of an attempt built with the shell's attempt number."""
-        return {"env": ENV, "job": JOB, "attempts": ATTEMPTS,
+        return {"env": ENV, "job": JOB, "job_staged": staged_name(JOB, SHELL_PID),
+                "attempts": ATTEMPTS,
                 "ready": ready_name(SHELL_ATTEMPT),
                 "stop_requested": stop_requested_name(SHELL_ATTEMPT)}
