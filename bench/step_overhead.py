@@ -106,7 +106,11 @@ def main() -> None:
     means: dict[str, list[float]] = {k: [] for k in kinds}
     ratios = []
     # Every rank must run the same rounds (each step is an allreduce): the stop is voted.
-    agree = lambda stop: bool(backend.vote_result(backend.vote_start([int(stop)]))[0])  # noqa: E731
+    # A vote the managed loop posted may still be in flight (same tensor name): collect it first.
+    def agree(stop: bool) -> bool:
+        trainer.s.settle_vote()
+        return bool(backend.vote_result(backend.vote_start([int(stop)]))[0])
+
     with budget.watch(hard=False):
         for r in budget.each(range(a.rounds), agree=agree):
             got = {}
