@@ -90,11 +90,12 @@ def state_of(env: dict, cwd: Path, job_id: str) -> dict:
 
 
 def steps_alive(job_id: str) -> bool:
-    """A step of ``job_id`` still has its slurmstepd on a node (all of the local cluster's
-    nodes are this machine). A node set DOWN and resumed reads idle while its step of the lost
-    attempt is still exiting; a job started again then never gets its first step: its srun
-    waits for that node forever (seen in CI: Slurm's ~2 min hold exists for this)."""
-    done = subprocess.run(["pgrep", "-f", rf"^slurmstepd: \[{job_id.split('_')[0]}\."],
+    """A step of ``job_id`` (a plain job's id: an array element's steps carry its own) still
+    has its slurmstepd on a node (all of the local cluster's nodes are this machine). A node
+    set DOWN and resumed reads idle while its step of the lost attempt is still exiting; a job
+    started again then never gets its first step: its srun waits for that node forever (seen
+    in CI: Slurm's ~2 min hold exists for this)."""
+    done = subprocess.run(["pgrep", "-f", rf"^slurmstepd: \[{job_id}\."],
                           capture_output=True)
     return done.returncode == 0
 

@@ -92,13 +92,13 @@ _TIMELINE_WINDOW = re.compile(r"horovod-timeline-steps-(\d+)-(\d+)\.json$")
 
 
 # ------------------------------------------------------------------- names (relative)
-# ``attempt`` may be a number or a shell expression (SHELL_ATTEMPT) for the template.
 def staged_name(name: str, writer: int | str) -> str:
     """Where ``writer`` (a process id, or SHELL_PID) writes ``name`` before renaming it in:
     beside it, hidden, so that a reader sees the old file or the new one, never half."""
     return f".{name}.{writer}"
 
 
+# ``attempt`` may be a number or a shell expression (SHELL_ATTEMPT) for the template.
 def ready_name(attempt: int | str) -> str:
     return f"{READY}/attempt-{attempt}"
 
