@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -61,22 +62,78 @@ def cluster_env() -> dict:
     return env
 
 
-def hpcsuite_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
-                 allreduce: bool, cycle: float, spin: bool = False) -> tuple[float, float]:
+def job_sets(work: Path, backend: str, nodes: int, batch: int, steps: int, allreduce: bool,
+             cycle: float, spin: bool = False) -> list[str]:
+    """The --set arguments of the hpcsuite job at one point."""
     sets = [f"train.horovod.cycle_time_ms={cycle:g}", f"resources.nodes={nodes}",
             f"train.backend={backend}", f"train.batch_size={batch}",
             f"train.max_steps={steps}", "train.epochs=1000000", f"output_dir={work}/runs",
             f"train.horovod.allreduce={'true' if allreduce else 'false'}"]
     if spin:
         sets.append("env.OMPI_MCA_mpi_yield_when_idle=0")
-    argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"]
-    for s in sets:
-        argv += ["--set", s]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def hpcsuite_run(env, work: Path, *job) -> tuple[float, float]:
+    argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"] + job_sets(work, *job)
     done = run_group(argv, capture_output=True, text=True, env=env, cwd=work, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"hpcsuite job failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     r = json.loads(done.stdout)["results"]
     return r["samples_per_s_steady"], r["step_time_s"]["median"]
+
+
+def rendered(env, work: Path, *job) -> dict:
+    """`hpcsuite render --json` of the job hpcsuite_run submits."""
+    argv = [PY, "-m", "hpcsuite", "render", str(BASE), "--json"] + job_sets(work, *job)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
+    if done.returncode != 0:
+        raise SystemExit(f"hpcsuite render failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def run_results(run_dir: Path, what: str, done) -> tuple[float, float]:
+    try:
+        r = json.loads((run_dir / "results.json").read_text())
+        return r["samples_per_s_steady"], r["step_time_s"]["median"]
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(f"{what} failed (sbatch exit {done.returncode}; no results in {run_dir}):"
+                         f"\n{done.stderr[-2000:]}") from None
+
+
+def sbatch_wait(env, work: Path, script: Path):
+    # Submitted from work, as the hpcsuite jobs are: a cut run cancels the jobs under it.
+    return run_group(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
+                     text=True, env=env, cwd=work, timeout=900)
+
+
+def script_run(env, work: Path, *job) -> tuple[float, float]:
+    """hpcsuite's rendered script, submitted and followed by sbatch alone."""
+    r = rendered(env, work, *job)
+    script = work / "rendered.sbatch"
+    script.write_text(r["script"])
+    done = sbatch_wait(env, work, script)
+    job_id = done.stdout.strip().split(";")[0]
+    return run_results(work / r["run_root"] / job_id, "rendered script", done)
+
+
+JOB_JSON = re.compile(r"<<'HPCSUITE_JOB_JSON'\n(.*?)\nHPCSUITE_JOB_JSON\n", re.S)
+
+
+def train_run(env, work: Path, *job) -> tuple[float, float]:
+    """`hpcsuite train` on the rendered job.json, under the plain loops' script."""
+    found = JOB_JSON.search(rendered(env, work, *job)["script"])
+    if not found:
+        raise SystemExit("the rendered script has no job.json heredoc (HPCSUITE_JOB_JSON)")
+    run_dir = work / f"train-{time.monotonic_ns()}"
+    run_dir.mkdir()
+    (run_dir / "job.json").write_text(found.group(1))
+    command = f"-x HPCSUITE_RUN_DIR {PY} -m hpcsuite train --job {run_dir}/job.json"
+    _, nodes, _, _, _, cycle, spin = job
+    script = plain_script(work, run_dir / "slurm.out", nodes, cycle, spin, command,
+                          f"export HPCSUITE_RUN_DIR={run_dir}")
+    return run_results(run_dir, "hpcsuite train under the plain script",
+                       sbatch_wait(env, work, script))
 
 
 PLAIN = """#!/bin/bash
@@ -89,24 +146,30 @@ PLAIN = """#!/bin/bash
 export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME={cycle:g}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
 export OMPI_MCA_mpi_yield_when_idle={yield_}
+{export}
 mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca btl '^openib' \\
   -x PATH -x OMP_NUM_THREADS -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x TF_CPP_MIN_LOG_LEVEL \\
   -x OMPI_MCA_mpi_yield_when_idle \\
-  {py} {plain} --backend {backend} --model mlp --shape {shape} --classes 10 --batch {batch} --steps {steps} {fresh}
+  {command}
 """
+
+
+def plain_script(work: Path, out: Path, nodes: int, cycle: float, spin: bool, command: str,
+                 export: str = "") -> Path:
+    """The plain loops' batch script, running ``command`` on every rank."""
+    script = work / "plain.sbatch"
+    script.write_text(PLAIN.format(nodes=nodes, out=out, cycle=cycle, yield_=0 if spin else 1,
+                                   export=export, command=command))
+    return script
 
 
 def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int, shape: int,
               cycle: float, fresh: int | None, spin: bool = False) -> tuple[float, float]:
     out = work / f"plain-{time.monotonic_ns()}.out"
-    script = work / "plain.sbatch"
-    script.write_text(PLAIN.format(nodes=nodes, out=out, py=PY, plain=ROOT / "bench" / "plain_loop.py",
-                                   backend=backend, shape=shape, batch=batch, steps=steps,
-                                   cycle=cycle, yield_=0 if spin else 1,
-                                   fresh=f"--fresh-data --samples {fresh}" if fresh else ""))
-    # Submitted from work, as the hpcsuite jobs are: a cut run cancels the jobs under it.
-    done = run_group(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
-                     text=True, env=env, cwd=work, timeout=900)
+    command = (f"{PY} {ROOT / 'bench' / 'plain_loop.py'} --backend {backend} --model mlp "
+               f"--shape {shape} --classes 10 --batch {batch} --steps {steps}"
+               + (f" --fresh-data --samples {fresh}" if fresh else ""))
+    done = sbatch_wait(env, work, plain_script(work, out, nodes, cycle, spin, command))
     text = out.read_text() if out.is_file() else ""
     for line in text.splitlines():
         if line.startswith("{") and "samples_per_s_steady" in line:
@@ -119,7 +182,8 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.median(values):9.0f} [{min(values):.0f}-{max(values):.0f}]"
 
 
-KINDS = ("hpcsuite", "plain", "plain+data", "limit")
+KINDS = ("hpcsuite", "plain", "plain+data", "limit", "script", "train")
+DEFAULT_KINDS = KINDS[:4]
 
 
 def one_round(env, work: Path, a, batch: int, nodes: int, r: int, shape: int,
@@ -131,6 +195,8 @@ def one_round(env, work: Path, a, batch: int, nodes: int, r: int, shape: int,
         "plain": lambda: plain_run(env, work, *common, shape, a.cycle_time, None, a.spin),
         "plain+data": lambda: plain_run(env, work, *common, shape, a.cycle_time, samples, a.spin),
         "limit": lambda: hpcsuite_run(env, work, *common, False, a.cycle_time, a.spin),
+        "script": lambda: script_run(env, work, *common, True, a.cycle_time, a.spin),
+        "train": lambda: train_run(env, work, *common, True, a.cycle_time, a.spin),
     }
     kinds = [k for k in a.kinds if nodes > 1 or k != "limit"]
     # Each repeat starts with another kind: the job that runs first after a switch (of node
@@ -155,8 +221,9 @@ def main() -> None:
                     help="MPI busy-polls while waiting, on both sides (OpenMPI's default; "
                          "hpcsuite's scripts make ranks with one core yield)")
     ap.add_argument("--nodes", default="1,2", help="node counts, comma-separated (1, 2 or both)")
-    ap.add_argument("--kinds", default=",".join(KINDS),
-                    help="the kinds to run, comma-separated; hpcsuite always runs (default: all)")
+    ap.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                    help="the kinds to run, comma-separated; hpcsuite always runs (default: "
+                         f"{','.join(DEFAULT_KINDS)})")
     Budget.add_argument(ap, 1080, "rounds")
     a = ap.parse_args()
     try:
@@ -200,25 +267,27 @@ def main() -> None:
     print(f"weak scaling, {a.backend}, built-in MLP on {shape}-input samples ({samples} in the "
           f"dataset), one rank per node, {a.steps} steps, cycle time {a.cycle_time:g} ms, "
           f"MPI waits {'spin' if a.spin else 'yield'}, {a.repeats} repeats (samples/s median [min-max])")
-    print(f"{'batch':>5} {'nodes':>5} " + " ".join(f"{k:>24}" for k in KINDS))
+    columns = [k for k in KINDS if k in DEFAULT_KINDS or k in a.kinds]
+    print(f"{'batch':>5} {'nodes':>5} " + " ".join(f"{k:>24}" for k in columns))
     for (batch, nodes), row in sorted(results.items()):
         print(f"{batch:>5} {nodes:>5} " + " ".join(
-            f"{fmt(row[k]) if row[k] else absent(k, nodes):>24}" for k in KINDS))
+            f"{fmt(row[k]) if row[k] else absent(k, nodes):>24}" for k in columns))
     print("median step, ms (each job's median, then median [min-max] over the jobs): where "
           "Horovod's cycle time rounds steps up, these sit near whole cycles")
     for (batch, nodes), row in sorted(step_ms.items()):
         cells = [f"{statistics.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]" if (v := row[k])
-                 else absent(k, nodes) for k in KINDS]
+                 else absent(k, nodes) for k in columns]
         print(f"{batch:>5} {nodes:>5} " + " ".join(f"{c:>24}" for c in cells))
     print("ratios: of the medians; per repeat: median [min-max] of the ratios of the jobs that "
           "ran back to back")
     for (batch, nodes), row in sorted(results.items()):
-        for other in ("plain", "plain+data", "limit"):
-            if not row[other]:
+        pairs_of = [("hpcsuite", k) for k in KINDS[1:]] + [(k, "plain+data") for k in ("script", "train")]
+        for one, other in pairs_of:
+            if not row[one] or not row[other]:
                 continue
-            pairs = [h / o for h, o in zip(row["hpcsuite"], row[other])]
-            print(f"batch {batch:>5}, {nodes} node(s): hpcsuite/{other:<10} "
-                  f"{statistics.median(row['hpcsuite']) / statistics.median(row[other]):6.3f}   "
+            pairs = [h / o for h, o in zip(row[one], row[other])]
+            print(f"batch {batch:>5}, {nodes} node(s): {one + '/' + other:<20} "
+                  f"{statistics.median(row[one]) / statistics.median(row[other]):6.3f}   "
                   f"per repeat {statistics.median(pairs):6.3f} [{min(pairs):.3f}-{max(pairs):.3f}]")
     for batch in sorted({b for b, n in results if n == 2 and (b, 1) in results}):
         eff = {k: statistics.median(results[(batch, 2)][k]) / (2 * statistics.median(results[(batch, 1)][k]))
