@@ -244,7 +244,10 @@ def main() -> None:
     shape, samples = data["shape"][0], data["samples"]
     results: dict = {}
     step_ms: dict = {}     # (batch, nodes) -> kind -> each job's median step, ms
-    rounds = list(product([int(b) for b in a.batches.split(",")], range(a.repeats), a.nodes))
+    # Repeat by repeat over every point, so a run the budget cuts short has as many repeats of
+    # each point (give or take one) rather than all of the first and none of the last.
+    rounds = [(b, r, n) for r, b, n in product(range(a.repeats), [int(b) for b in a.batches.split(",")],
+                                               a.nodes)]
     done = 0
     with budget.watch(), tempfile.TemporaryDirectory(prefix="weak-") as tmp:
         work = Path(tmp)
