@@ -44,6 +44,8 @@ from itertools import product
 from pathlib import Path
 
 from budget import Budget, cancel_jobs_under, run_group
+from hpcsuite.runs import rundir
+from hpcsuite.runs.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -94,7 +96,7 @@ def rendered(env, work: Path, *job) -> dict:
 
 def run_results(run_dir: Path, what: str, done) -> tuple[float, float]:
     try:
-        r = json.loads((run_dir / "results.json").read_text())
+        r = json.loads(RunDir(run_dir).results.read_text())
         return r["samples_per_s_steady"], r["step_time_s"]["median"]
     except (OSError, ValueError, KeyError):
         raise SystemExit(f"{what} failed (sbatch exit {done.returncode}; no results in {run_dir}):"
@@ -127,11 +129,11 @@ def train_run(env, work: Path, *job) -> tuple[float, float]:
         raise SystemExit("the rendered script has no job.json heredoc (HPCSUITE_JOB_JSON)")
     run_dir = work / f"train-{time.monotonic_ns()}"
     run_dir.mkdir()
-    (run_dir / "job.json").write_text(found.group(1))
-    command = f"-x HPCSUITE_RUN_DIR {PY} -m hpcsuite train --job {run_dir}/job.json"
+    RunDir(run_dir).job.write_text(found.group(1))
+    command = f"-x {rundir.ENV} {PY} -m hpcsuite train --job {RunDir(run_dir).job}"
     _, nodes, _, _, _, cycle, spin = job
     script = plain_script(work, run_dir / "slurm.out", nodes, cycle, spin, command,
-                          f"export HPCSUITE_RUN_DIR={run_dir}")
+                          f"export {rundir.ENV}={run_dir}")
     return run_results(run_dir, "hpcsuite train under the plain script",
                        sbatch_wait(env, work, script))
 
