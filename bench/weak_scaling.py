@@ -6,11 +6,17 @@ report recommends) and each repeat, back to back, on 1 and on 2 nodes (one rank 
   hpcsuite    `hpcsuite submit` of examples/scaling/job.yaml (managed loop, sharded data)
   limit       the same with train.horovod.allreduce=false (no gradient exchange; 2 nodes only,
               one rank has nothing to exchange)
-Within a repeat the kinds run back to back, starting with a different one each repeat.
   plain       bench/plain_loop.py, one fixed batch (Horovod's synthetic benchmarks)
   plain+data  bench/plain_loop.py --fresh-data: a new batch every step, gathered by sample ids
               from as many samples in memory as the job's dataset (what a loop that trains on
               data reads; hpcsuite does the same through its sharding layer)
+and, only where --kinds names them, two that take hpcsuite's job apart where it and plain+data
+differ:
+  script      hpcsuite's rendered batch script for the same job under plain `sbatch --wait`
+              (no `hpcsuite submit --wait` following the job from the login side)
+  train       `hpcsuite train` on the same job.json, launched by the plain loops' script (no
+              attempt records, no setting of the rendered script the plain one lacks)
+Within a repeat the kinds run back to back, starting with a different one each repeat.
 The plain loops run under an sbatch script with the mpirun line hpcsuite renders for this job
 (MCA parameters, Horovod settings, and the MPI wait mode: with one core per rank both sides
 yield while waiting, as hpcsuite's scripts do; --spin turns it off on both sides).
@@ -18,14 +24,15 @@ All report steady-state samples/s with the same warm-up rule. Printed: medians [
 ratios of the medians, and per repeat the ratios of the jobs that ran back to back.
 
     .venv/bin/python bench/weak_scaling.py [--backend torch] [--batches 128,512] [-r 7]
-        [--nodes 1,2] [--kinds hpcsuite,plain,plain+data,limit] [--budget SECONDS]
+        [--nodes 1,2] [--kinds hpcsuite,plain,plain+data,limit,script,train] [--budget SECONDS]
 
 --nodes and --kinds narrow a re-measurement to the points and baselines it is about (a round
 of 1 node with hpcsuite and plain+data alone is two jobs instead of three).
 
 Needs the local cluster (`hpcsuite cluster up`); SLURM_CONF is taken from its state. A round is
-one batch, node count and repeat (its jobs back to back); when --budget or a stop signal cuts
-the run short, the jobs in flight are cancelled and the completed rounds are printed.
+one batch, node count and repeat (its jobs back to back); the rounds go repeat by repeat over
+the points. When --budget or a stop signal cuts the run short, the jobs in flight are cancelled
+and the completed rounds are printed.
 """
 
 from __future__ import annotations
