@@ -11,6 +11,11 @@ one model and one DistributedOptimizer and alternates, in rounds of R steps, bet
 so both see the same machine state. Printed on rank 0: each kind's mean step time (the median
 over rounds) and the ratio plain/managed per round, median [quartiles] (> 1: hpcsuite faster).
 
+--only managed|plain runs one of the two loops, on the same setup (model, optimizer and data
+built by hpcsuite's backend), and prints its mean step: processes of each, alternated with
+bench/plain_loop.py, tell whether a difference between separate processes comes from the setup
+or from the loop.
+
     OMP_NUM_THREADS=1 mpirun -np 1 .venv/bin/python bench/step_overhead.py --batch 128
     # two ranks on two nodes of the local cluster (the weak-scaling setting), with the
     # environment hpcsuite's scripts give one-core ranks:
@@ -47,6 +52,8 @@ def main() -> None:
     ap.add_argument("--shape", type=int, default=784)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--steps", type=int, default=128, help="steps per round (the first 10 not counted)")
+    ap.add_argument("--only", choices=["managed", "plain"],
+                    help="run this loop alone and print its mean step (default: both, alternated)")
     Budget.add_argument(ap, 600, "rounds")
     a = ap.parse_args()
     budget = Budget.from_args(a)
@@ -114,13 +121,20 @@ def main() -> None:
     with budget.watch(hard=False):
         for r in budget.each(range(a.rounds), agree=agree):
             got = {}
-            for kind in (("managed", "plain") if r % 2 else ("plain", "managed")):
+            order = ("managed", "plain") if r % 2 else ("plain", "managed")
+            for kind in (a.only,) if a.only else order:
                 got[kind] = statistics.mean(kinds[kind](a.steps)[10:])
             for kind, mean in got.items():
                 means[kind].append(mean)
-            ratios.append(got["plain"] / got["managed"])
+            if len(got) == 2:
+                ratios.append(got["plain"] / got["managed"])
     if backend.rank == 0:
-        budget.report(len(ratios), a.rounds, "rounds")
+        budget.report(len(means[a.only or "plain"]), a.rounds, "rounds")
+        if a.only:
+            print(f"ranks {backend.size}, batch {a.batch} per rank, {len(means[a.only])} rounds of {a.steps} "
+                  f"steps: mean step {a.only} alone {statistics.median(means[a.only]) * 1e3:.3f} ms",
+                  flush=True)
+            sys.exit(budget.exit_code())
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         print(f"ranks {backend.size}, batch {a.batch} per rank, {len(ratios)} rounds of {a.steps} steps: "
               f"mean step managed {statistics.median(means['managed']) * 1e3:.3f} ms, "
