@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -51,8 +50,10 @@ from itertools import product
 from pathlib import Path
 
 from budget import Budget, cancel_jobs_under, run_group
+from hpcsuite.runner import prepare
 from hpcsuite.runs import rundir
 from hpcsuite.runs.rundir import RunDir
+from hpcsuite.sweep.run import job_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -73,18 +74,19 @@ def cluster_env() -> dict:
 
 def job_sets(work: Path, backend: str, nodes: int, batch: int, steps: int, allreduce: bool,
              cycle: float, spin: bool = False) -> list[str]:
-    """The --set arguments of the hpcsuite job at one point."""
+    """The KEY=VALUE overrides (`--set`) of the hpcsuite job at one point."""
     sets = [f"train.horovod.cycle_time_ms={cycle:g}", f"resources.nodes={nodes}",
             f"train.backend={backend}", f"train.batch_size={batch}",
             f"train.max_steps={steps}", "train.epochs=1000000", f"output_dir={work}/runs",
             f"train.horovod.allreduce={'true' if allreduce else 'false'}"]
     if spin:
         sets.append("env.OMPI_MCA_mpi_yield_when_idle=0")
-    return [arg for s in sets for arg in ("--set", s)]
+    return sets
 
 
 def hpcsuite_run(env, work: Path, *job) -> tuple[float, float]:
-    argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"] + job_sets(work, *job)
+    argv = [PY, "-m", "hpcsuite", "submit", str(BASE), "--wait", "--json"]
+    argv += [arg for s in job_sets(work, *job) for arg in ("--set", s)]
     done = run_group(argv, capture_output=True, text=True, env=env, cwd=work, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"hpcsuite job failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -92,13 +94,10 @@ def hpcsuite_run(env, work: Path, *job) -> tuple[float, float]:
     return r["samples_per_s_steady"], r["step_time_s"]["median"]
 
 
-def rendered(env, work: Path, *job) -> dict:
-    """`hpcsuite render --json` of the job hpcsuite_run submits."""
-    argv = [PY, "-m", "hpcsuite", "render", str(BASE), "--json"] + job_sets(work, *job)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
-    if done.returncode != 0:
-        raise SystemExit(f"hpcsuite render failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+def request(env, work: Path, *job):
+    """What `hpcsuite submit` would submit for the job hpcsuite_run submits (the cluster's site
+    profile, the same overrides): its script, run root and resolved job."""
+    return prepare(str(BASE), env.get("HPCSUITE_PROFILE"), None, job_sets(work, *job), cwd=work).request
 
 
 def run_results(run_dir: Path, what: str, done) -> tuple[float, float]:
@@ -118,25 +117,19 @@ def sbatch_wait(env, work: Path, script: Path):
 
 def script_run(env, work: Path, *job) -> tuple[float, float]:
     """hpcsuite's rendered script, submitted and followed by sbatch alone."""
-    r = rendered(env, work, *job)
+    r = request(env, work, *job)
     script = work / "rendered.sbatch"
-    script.write_text(r["script"])
+    script.write_text(r.script)
     done = sbatch_wait(env, work, script)
     job_id = done.stdout.strip().split(";")[0]
-    return run_results(work / r["run_root"] / job_id, "rendered script", done)
-
-
-JOB_JSON = re.compile(r"<<'HPCSUITE_JOB_JSON'\n(.*?)\nHPCSUITE_JOB_JSON\n", re.S)
+    return run_results(work / r.run_root / job_id, "rendered script", done)
 
 
 def train_run(env, work: Path, *job) -> tuple[float, float]:
     """`hpcsuite train` on the rendered job.json, under the plain loops' script."""
-    found = JOB_JSON.search(rendered(env, work, *job)["script"])
-    if not found:
-        raise SystemExit("the rendered script has no job.json heredoc (HPCSUITE_JOB_JSON)")
     run_dir = work / f"train-{time.monotonic_ns()}"
     run_dir.mkdir()
-    RunDir(run_dir).job.write_text(found.group(1))
+    RunDir(run_dir).job.write_text(job_json(request(env, work, *job).job))
     command = f"-x {rundir.ENV} {PY} -m hpcsuite train --job {RunDir(run_dir).job}"
     _, nodes, _, _, _, cycle, spin = job
     script = plain_script(work, run_dir / "slurm.out", nodes, cycle, spin, command,
