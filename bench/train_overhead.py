@@ -1,7 +1,8 @@
 """`hpcsuite train` against a plain Horovod loop of the same model, batch and ranks
 (quality bar: at most 2 % lower throughput).
 
-Both run under the same `mpirun -np 2 --bind-to none` on this machine, alternating, R times;
+Both run under the same `mpirun -np 2 --bind-to none` on this machine (--ranks N; with --pin
+CPUS under `taskset -c CPUS`), alternating, R times;
 the number compared is steady-state samples/s (the first tenth of steps, at most 10, left
 out on both sides). hpcsuite reads a synthetic dataset through the sharding layer (a gather
 per batch) while the plain loop reuses one fixed batch, as Horovod's synthetic benchmarks do.
@@ -39,7 +40,14 @@ from pathlib import Path
 from budget import Budget, run_group
 
 ROOT = Path(__file__).resolve().parent.parent
-MPIRUN = ["mpirun", "-np", "2", "--bind-to", "none", "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+
+
+def mpirun(a) -> list[str]:
+    """The launch both sides run under: --ranks ranks, with --pin under taskset."""
+    pin = ["taskset", "-c", a.pin] if a.pin else []
+    return [*pin, "mpirun", "-np", str(a.ranks), "--bind-to", "none", "--mca", "pml", "ob1",
+            "--mca", "btl", "^openib", *a.mca]
+
 # --yield: MPI ranks give the core up while they wait for a message. OpenMPI does so by itself
 # when it knows a node is oversubscribed; two ranks with Horovod's background threads on this
 # 2-core machine are, without OpenMPI knowing. Without it a run may fall into a mode where a
@@ -63,7 +71,7 @@ def user_model(a) -> str:
 
 
 def hpcsuite_run(a, work: Path) -> tuple[float, float]:
-    samples = a.batch * 2 * a.steps
+    samples = a.samples or a.batch * 2 * a.steps
     data = {"samples": samples, "shape": a.shape, "classes": 10, "workers": 0}
     model = a.model
     if a.user:
@@ -72,9 +80,11 @@ def hpcsuite_run(a, work: Path) -> tuple[float, float]:
                 "args": {"samples": samples, "shape": a.shape, "classes": 10}}
     job = {"name": "overhead", "train": {"backend": a.backend, "model": model, "data": data,
            "batch_size": a.batch, "epochs": 1, "lr": 0.01}}
+    if a.samples:        # a dataset smaller than the run: epoch after epoch, up to --steps
+        job["train"].update(epochs=10 ** 6, max_steps=a.steps)
     run = Path(tempfile.mkdtemp(dir=work))
     (run / "job.json").write_text(json.dumps(job))
-    run_group([*MPIRUN, *a.mca, "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
+    run_group([*mpirun(a), "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
                "--job", str(run / "job.json")], check=True, capture_output=True,
               env=dict(env(), HPCSUITE_RUN_DIR=str(run)), cwd=run)
     r = json.loads((run / "results.json").read_text())
@@ -84,7 +94,8 @@ def hpcsuite_run(a, work: Path) -> tuple[float, float]:
 def plain_run(a) -> tuple[float, float]:
     ref = ["--model-ref", user_model(a)] if a.user else []
     ref += ["--fresh-data"] if a.fresh_data else []
-    out = run_group([*MPIRUN, *a.mca, sys.executable, str(ROOT / "bench" / "plain_loop.py"),
+    ref += ["--samples", str(a.samples)] if a.fresh_data and a.samples else []
+    out = run_group([*mpirun(a), sys.executable, str(ROOT / "bench" / "plain_loop.py"),
                      "--backend", a.backend, "--model", a.model, "--shape", *map(str, a.shape),
                      "--batch", str(a.batch), "--steps", str(a.steps), *ref],
                     check=True, capture_output=True, text=True, env=env())
@@ -204,6 +215,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--ranks", type=int, default=2, help="MPI ranks on each side (default 2)")
+    ap.add_argument("--pin", metavar="CPUS", default=None,
+                    help="run both sides under `taskset -c CPUS` (e.g. 0: one rank, one core)")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="samples in hpcsuite's dataset and, with --fresh-data, the plain loop's "
+                         "(default: 2 x batch x steps, one epoch); fewer: epochs repeat")
     ap.add_argument("--user", action="store_true",
                     help="a user's model builder and python-factory dataset (bench/user_code)")
     ap.add_argument("--fresh-data", action="store_true",
@@ -237,7 +254,8 @@ def main() -> None:
     budget.report(len(ours), a.repeats, "repeats")
     p, o = statistics.median(r for r, _ in plain), statistics.median(r for r, _ in ours)
     what = f"user model + python-factory data ({USER.relative_to(ROOT)})" if a.user else a.model
-    print(f"{a.backend} {what} shape {a.shape}, batch {a.batch}/rank, 2 ranks, {a.steps} steps, "
+    print(f"{a.backend} {what} shape {a.shape}, batch {a.batch}/rank, {a.ranks} ranks"
+          f"{f' on cpus {a.pin}' if a.pin else ''}, {a.steps} steps, "
           f"{len(ours)} alternating repeats (medians, samples/s)")
     if a.yield_:
         print("both sides: mpirun --mca mpi_yield_when_idle 1 (--yield)")
