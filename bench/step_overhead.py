@@ -24,6 +24,10 @@ or from the loop.
       OMPI_MCA_mpi_yield_when_idle=1; mpirun -np 2 -npernode 1 --bind-to none \
       -x OMP_NUM_THREADS -x OMPI_MCA_mpi_yield_when_idle .venv/bin/python bench/step_overhead.py"
 
+--reads runs no managed loop: it times what the array a batch is read into costs, by the plain
+step with three reads (see --help). `one` is how a single rank reads a block since 139db7a; `two`
+is how it did before, and how a rank with others still does (it reads the next block early).
+
 --budget bounds the run: the ranks agree at each round boundary (a Horovod vote) whether to
 start another, so a stop signal (mpirun passes SIGTERM and SIGINT on to the ranks) or the end of
 the budget on any rank stops them all after the round in flight; rank 0 prints the completed
@@ -54,8 +58,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128, help="steps per round (the first 10 not counted)")
     ap.add_argument("--only", choices=["managed", "plain"],
                     help="run this loop alone and print its mean step (default: both, alternated)")
+    ap.add_argument("--reads", action="store_true",
+                    help="no managed loop: the plain step with its batch read three ways, rounds "
+                         "alternated: plain (x[ids] into new arrays), one (hpcsuite's block read "
+                         "into an array used again, the last step's tensors let go first) and two "
+                         "(the same while the last step's are still held: two arrays take turns)")
     Budget.add_argument(ap, 600, "rounds")
     a = ap.parse_args()
+    if a.only and a.reads:
+        ap.error("--only and --reads: give one of them")
     budget = Budget.from_args(a)
 
     import numpy as np
@@ -109,7 +120,38 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         return times
 
-    kinds = {"managed": managed, "plain": plain}
+    from hpcsuite.runtime.blocks import Buffers, read_block
+
+    buffers, held = Buffers(), []
+
+    def into_buffers(hold: bool):
+        """The plain step, its batch read as hpcsuite reads a block (read_block into arrays used
+        again); ``hold``: the last step's tensors are still referenced while the next is read
+        (two arrays take turns), else they are let go first (one array)."""
+        def run(n: int) -> list[float]:
+            nonlocal at
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                batch = sharder_batches[at % len(sharder_batches)]
+                at += 1
+                block = read_block(data, [batch], buffers)
+                x, y = (torch.from_numpy(f).unbind(0)[0] for f in (block.x, block.y))
+                del block
+                held[:] = [x, y] if hold else []
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+                del x, y
+                times.append(time.perf_counter() - t0)
+            return times
+        return run
+
+    sharder_batches = [b for e in range(4) for b in sharder.epoch(Cursor(e, 0))]
+    if a.reads:
+        kinds = {"plain": plain, "one": into_buffers(False), "two": into_buffers(True)}
+    else:
+        kinds = {"managed": managed, "plain": plain}
     means: dict[str, list[float]] = {k: [] for k in kinds}
     ratios = []
     # Every rank must run the same rounds (each step is an allreduce): the stop is voted.
@@ -121,7 +163,7 @@ def main() -> None:
     with budget.watch(hard=False):
         for r in budget.each(range(a.rounds), agree=agree):
             got = {}
-            order = ("managed", "plain") if r % 2 else ("plain", "managed")
+            order = tuple(kinds) if r % 2 else tuple(kinds)[::-1]
             for kind in (a.only,) if a.only else order:
                 got[kind] = statistics.mean(kinds[kind](a.steps)[10:])
             for kind, mean in got.items():
@@ -134,6 +176,16 @@ def main() -> None:
             print(f"ranks {backend.size}, batch {a.batch} per rank, {len(means[a.only])} rounds of {a.steps} "
                   f"steps: mean step {a.only} alone {statistics.median(means[a.only]) * 1e3:.3f} ms",
                   flush=True)
+            sys.exit(budget.exit_code())
+        if a.reads:
+            print(f"ranks {backend.size}, batch {a.batch} per rank, {len(means['one'])} rounds of "
+                  f"{a.steps} steps, mean step: " + ", ".join(
+                      f"{k} {statistics.median(v) * 1e3:.3f} ms" for k, v in means.items()))
+            for num, den in (("one", "two"), ("plain", "one")):
+                per = [n / d for n, d in zip(means[num], means[den])]
+                q = statistics.quantiles(per, n=4) if len(per) > 1 else per * 3
+                print(f"  step {num}/{den} per round {statistics.median(per):.3f} "
+                      f"[{q[0]:.3f}-{q[2]:.3f}] (< 1: {num} faster)", flush=True)
             sys.exit(budget.exit_code())
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         print(f"ranks {backend.size}, batch {a.batch} per rank, {len(ratios)} rounds of {a.steps} steps: "
