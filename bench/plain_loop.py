@@ -21,10 +21,14 @@ import time
 
 
 
-def steady(times: list[float], per_step: int) -> dict:
+def steady(times: list[float], per_step: int, window: int = 0) -> dict:
     skip = min(10, len(times) // 10)          # the same warm-up rule as hpcsuite's results
-    return {"samples_per_s_steady": per_step * len(times[skip:]) / sum(times[skip:]),
-            "step_median_s": statistics.median(times)}
+    r = {"samples_per_s_steady": per_step * len(times[skip:]) / sum(times[skip:]),
+         "step_median_s": statistics.median(times)}
+    if window:      # how the machine's speed moves within one process
+        r["window_mean_step_s"] = [sum(times[i:i + window]) / len(times[i:i + window])
+                                   for i in range(skip, len(times), window)]
+    return r
 
 
 def fresh_batches(a, rank: int):
@@ -77,7 +81,7 @@ def run_torch(a) -> dict | None:
         loss_fn(model(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return steady(times, a.batch * hvd.size()) if hvd.rank() == 0 else None
+    return steady(times, a.batch * hvd.size(), a.window) if hvd.rank() == 0 else None
 
 
 def run_tensorflow(a) -> dict | None:
@@ -120,7 +124,7 @@ def run_tensorflow(a) -> dict | None:
         else:
             step()
         times.append(time.perf_counter() - t0)
-    return steady(times, a.batch * hvd.size()) if hvd.rank() == 0 else None
+    return steady(times, a.batch * hvd.size(), a.window) if hvd.rank() == 0 else None
 
 
 def main() -> None:
@@ -136,6 +140,8 @@ def main() -> None:
                     help="with --fresh-data: rows in memory (default: 2 x batch x steps)")
     ap.add_argument("--fresh-data", action="store_true",
                     help="a new batch each step, gathered from memory (not the baseline)")
+    ap.add_argument("--window", type=int, default=0, metavar="STEPS",
+                    help="also print the mean step of each STEPS-step window after warm-up")
     a = ap.parse_args()
     rate = (run_torch if a.backend == "torch" else run_tensorflow)(a)
     if rate is not None:
