@@ -139,7 +139,6 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
     monkeypatch.setattr(torch_backend, "reads_alone", lambda data, batch: alone)
     backend = object.__new__(torch_backend.TorchBackend)      # no Horovod needed to read
     backend.torch, backend._ones, backend._buffers, backend._read_next = torch, {}, Buffers(), None
-    backend.size = 2
     data = Synthetic(Data(samples=50, shape=[6], classes=4), 2)
     batches = list(Sharder(50, 2, 1, 8, 5).epoch(Cursor(0, 0)))
     assert batches[-1].real < 8                                 # the last one is padded
@@ -150,34 +149,6 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
         np.testing.assert_array_equal(x.numpy(), want_x)
         np.testing.assert_array_equal(y.numpy(), want_y)
         np.testing.assert_array_equal(w.numpy(), batch.weights)
-
-
-@pytest.mark.parametrize("size, arrays", [(1, 1), (2, 2)], ids=["one-rank", "two-ranks"])
-def test_torch_one_rank_reads_every_block_into_one_array(monkeypatch, size, arrays):
-    """With other ranks the next block is read early (micro_step asks, while the ranks are
-    waited for), into a second array as this step's is still in use; a single rank reads it at
-    its step's start, once the loop let go of the last, into the same array. Either way every
-    micro-batch is its ids' samples."""
-    import torch
-    from hpcsuite.runtime import torch_backend
-    from hpcsuite.runtime.blocks import Buffers
-    from hpcsuite.runtime.sharding import Cursor, Sharder
-
-    monkeypatch.setattr(torch_backend, "reads_alone", lambda data, batch: False)
-    monkeypatch.setattr(torch_backend, "block_size", lambda data, batch: 1)
-    backend = object.__new__(torch_backend.TorchBackend)
-    backend.torch, backend._ones, backend._buffers = torch, {}, Buffers()
-    backend._read_next, backend.size = None, size
-    data = Synthetic(Data(samples=48, shape=[6], classes=4), 2)
-    batches = list(Sharder(48, 1, 0, 8, 5).epoch(Cursor(0, 0)))
-    arrays_used = set()
-    for batch, inputs in backend._read_in_process(data, batches):
-        np.testing.assert_array_equal(inputs[0].numpy(), data.get(batch.ids)[0])
-        arrays_used.add(inputs[0].data_ptr())
-        if backend._read_next is not None:
-            backend._read_next()             # as micro_step does after the backward pass
-        del inputs                           # as Trainer.train_epoch does after the step
-    assert len(batches) == 6 and len(arrays_used) == arrays
 
 
 def test_which_micro_batches_are_read_alone():

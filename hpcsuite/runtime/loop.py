@@ -214,7 +214,6 @@ class Trainer:
                 first = False
             pending.append(micro_step(inputs, size / batch.step_real, batch.last_in_step,
                                       batch.real < len(batch.ids)))
-            del inputs    # the block's arrays are free for the next read (blocks.Buffers)
             m.samples += batch.real
             if self.ledger:
                 real = batch.ids[batch.weights > 0]

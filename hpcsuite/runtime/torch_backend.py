@@ -195,16 +195,10 @@ class TorchBackend(HorovodBackend):
     def _read_in_process(self, data, batches):
         """The micro-batches: mid-sized ones alone (:meth:`_read_alone`), the others in blocks
         (see :func:`.blocks.read_block`: one dataset call and one tensor per field for a block,
-        a view of it per micro-batch). Blocks are read into arrays used again once the previous
-        steps' tensors are gone (:class:`.blocks.Buffers`).
-
-        With other ranks the next block is read while they are waited for: micro_step asks for
-        it after the backward pass has handed the gradients to Horovod and before the optimizer
-        waits for their allreduce. It goes into a second array, as this step's block is still
-        in use. A single rank has no one to wait for: the next block is read at the start of
-        its step, once the loop has let go of the last one (:meth:`.loop.Trainer.train_epoch`),
-        into the same array, still in cache. At a 1.6 MB block, writing into an array last used
-        two steps ago made the step 1-3 % slower on one rank."""
+        a view of it per micro-batch). The next block is
+        read when free: micro_step asks for it after the backward pass has handed the gradients
+        to Horovod and before the optimizer waits for their allreduce. Blocks are read into
+        arrays used again once the previous steps' tensors are gone (:class:`.blocks.Buffers`)."""
         if not batches:
             return
         from_numpy = self.torch.from_numpy
@@ -222,7 +216,7 @@ class TorchBackend(HorovodBackend):
                     views = zip(*(from_numpy(a).unbind(0) for a in (block.x, block.y, block.w)))
                     ready.extend(reversed(list(zip(group, views))))
 
-        self._read_next = read_next if self.size > 1 else None
+        self._read_next = read_next
         try:
             while True:
                 read_next()                  # unless micro_step has read it already
