@@ -25,8 +25,9 @@ or from the loop.
       -x OMP_NUM_THREADS -x OMPI_MCA_mpi_yield_when_idle .venv/bin/python bench/step_overhead.py"
 
 --reads runs no managed loop: it times what the array a batch is read into costs, by the plain
-step with three reads (see --help). `one` is how a single rank reads a block since 139db7a; `two`
-is how it did before, and how a rank with others still does (it reads the next block early).
+step with three reads (see --help). `two` is how the managed loop reads a block of one micro-batch
+(it reads the next block early, while this step's is still in use); `one` is what reading it at the
+step's start, once the loop let go of the last, would give (tried in 139db7a, reverted: no gain).
 
 --budget bounds the run: the ranks agree at each round boundary (a Horovod vote) whether to
 start another, so a stop signal (mpirun passes SIGTERM and SIGINT on to the ranks) or the end of
