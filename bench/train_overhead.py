@@ -48,6 +48,7 @@ def mpirun(a) -> list[str]:
     return [*pin, "mpirun", "-np", str(a.ranks), "--bind-to", "none", "--mca", "pml", "ob1",
             "--mca", "btl", "^openib", *a.mca]
 
+
 # --yield: MPI ranks give the core up while they wait for a message. OpenMPI does so by itself
 # when it knows a node is oversubscribed; two ranks with Horovod's background threads on this
 # 2-core machine are, without OpenMPI knowing. Without it a run may fall into a mode where a
@@ -232,6 +233,8 @@ def main() -> None:
     Budget.add_argument(ap, 900, "repeats (with --host-costs: pieces)")
     a = ap.parse_args()
     a.mca = YIELD if a.yield_ else []
+    if a.ranks < 1 or (a.samples is not None and a.samples < 1):
+        ap.error("--ranks and --samples: at least 1")
     if a.model == "cnn" and not a.user:
         ap.error("--model cnn is the user's CNN: use it with --user")
     a.shape = a.shape or ([3, 32, 32] if a.model in ("resnet", "cnn") else [32])
