@@ -107,19 +107,30 @@ def main() -> None:
     loss_fn, model, opt = torch.nn.CrossEntropyLoss(), backend.model, backend.optimizer
     at = 0
 
-    def plain(n: int) -> list[float]:
-        nonlocal at
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            ids = batches[at % len(batches)]
-            at += 1
-            x, y = torch.from_numpy(data.x[ids]), torch.from_numpy(data.y[ids])
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-        return times
+    def plain_steps(read, let_go: bool = False):
+        """Rounds of the plain step (zero_grad, forward, backward, step) on ``read(i)``'s batch
+        (x, y); ``let_go``: drop the step's tensors before the next read."""
+        def run(n: int) -> list[float]:
+            nonlocal at
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                x, y = read(at)
+                at += 1
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+                if let_go:
+                    del x, y
+                times.append(time.perf_counter() - t0)
+            return times
+        return run
+
+    def gather(i: int):
+        ids = batches[i % len(batches)]
+        return torch.from_numpy(data.x[ids]), torch.from_numpy(data.y[ids])
+
+    plain = plain_steps(gather)
 
     from hpcsuite.runtime.blocks import Buffers, read_block
 
@@ -129,24 +140,12 @@ def main() -> None:
         """The plain step, its batch read as hpcsuite reads a block (read_block into arrays used
         again); ``hold``: the last step's tensors are still referenced while the next is read
         (two arrays take turns), else they are let go first (one array)."""
-        def run(n: int) -> list[float]:
-            nonlocal at
-            times = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                batch = sharder_batches[at % len(sharder_batches)]
-                at += 1
-                block = read_block(data, [batch], buffers)
-                x, y = (torch.from_numpy(f).unbind(0)[0] for f in (block.x, block.y))
-                del block
-                held[:] = [x, y] if hold else []
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-                del x, y
-                times.append(time.perf_counter() - t0)
-            return times
-        return run
+        def read(i: int):
+            block = read_block(data, [sharder_batches[i % len(sharder_batches)]], buffers)
+            x, y = (torch.from_numpy(f).unbind(0)[0] for f in (block.x, block.y))
+            held[:] = [x, y] if hold else []
+            return x, y
+        return plain_steps(read, let_go=True)
 
     sharder_batches = [b for e in range(4) for b in sharder.epoch(Cursor(e, 0))]
     if a.reads:
