@@ -158,4 +158,5 @@ def test_which_micro_batches_are_read_alone():
         return Synthetic(Data(samples=4, shape=shape, classes=2), 0)
     assert not reads_alone(of([16]), 32)            # 2 KB: blocks of 64
     assert reads_alone(of([784]), 128)              # 401 KB: alone
-    assert not reads_alone(of([784]), 512)          # 1.6 MB: a block of one, into reused arrays
+    assert reads_alone(of([784]), 512)              # 1.6 MB: alone
+    assert not reads_alone(of([3, 224, 224]), 64)   # 38.5 MB: a block of one, into reused arrays

@@ -29,19 +29,24 @@ class Block(NamedTuple):
     w: np.ndarray          # [k, B] float32 weights (0 for padding)
 
 
-# A micro-batch of at least ALONE_BYTES and less than BLOCK_BYTES of inputs is better read
-# alone, into a new array, at the start of its step (PyTorch's in-process reads): per-call costs
-# are small beside its copy, and it is still in cache when the forward pass reads it. Measured
-# on 1 ms steps against blocks of two read into arrays used again: 2-3 % faster at 100-400 KB
-# per micro-batch; blocks stay 4-5 % faster at 2-32 KB. From BLOCK_BYTES up a block is one
-# micro-batch anyway, read into arrays used again (:class:`Buffers`, measured at 1.6 MB).
+# A micro-batch of at least ALONE_BYTES and less than ALONE_MOST bytes of inputs is better
+# read alone, into a new array, at the start of its step (PyTorch's in-process reads), as a plain
+# loop reads it: per-call costs are small beside its copy, and it is still in cache when the
+# forward pass reads it. Measured on 1 ms steps against blocks of two read into arrays used
+# again: 2-3 % faster at 100-400 KB per micro-batch; blocks stay 4-5 % faster at 2-32 KB. At
+# 1.6 MB (batch 512 of 784 floats, 2 ms steps) reading alone against a block of one read into
+# an array used again: plain/managed 0.990 against 0.976, median of eight alternated runs
+# (docs/BENCHMARKS.md). From ALONE_MOST up, glibc's malloc maps every new array afresh (its
+# mmap threshold grows to at most 32 MiB), each a page fault per 4 KiB: those micro-batches are
+# read into arrays used again (:class:`Buffers`).
 ALONE_BYTES = 1 << 16
+ALONE_MOST = 32 << 20
 
 
 def reads_alone(data, batch: int) -> bool:
     """Whether micro-batches of ``batch`` samples of ``data`` are read one at a time into new
     arrays rather than in blocks (see ALONE_BYTES)."""
-    return ALONE_BYTES <= micro_batch_bytes(data, batch) < BLOCK_BYTES
+    return ALONE_BYTES <= micro_batch_bytes(data, batch) < ALONE_MOST
 
 
 def micro_batch_bytes(data, batch: int) -> int:
@@ -70,9 +75,9 @@ def plan_blocks(batches: list, per_block: int) -> list[list]:
 class Buffers:
     """Arrays that blocks are read into, used again once nothing else refers to them.
 
-    A fresh array per block costs an allocation and, for a block of a mebibyte or more, memory
-    the process has not touched lately; on a step of a few milliseconds that is a few percent
-    (``bench/train_overhead.py --host-costs``). An array is handed out again only when the pool
+    They hold blocks of small micro-batches (up to a mebibyte in all) and micro-batches of
+    ALONE_MOST bytes or more, which a new array would give fresh pages from the kernel each
+    step. An array is handed out again only when the pool
     holds the sole reference to it: every tensor a framework made from it (``torch.from_numpy``
     and its views keep the array alive), every numpy view and every block is gone, so nothing
     that can still be read sees it overwritten. Otherwise a new array is made (and kept while
