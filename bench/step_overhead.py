@@ -64,6 +64,9 @@ def main() -> None:
                          "alternated: plain (x[ids] into new arrays), one (hpcsuite's block read "
                          "into an array used again, the last step's tensors let go first) and two "
                          "(the same while the last step's are still held: two arrays take turns)")
+    ap.add_argument("--no-votes", action="store_true",
+                    help="the managed loop posts no votes (what its votes cost: alternate runs "
+                         "with and without)")
     Budget.add_argument(ap, 600, "rounds")
     a = ap.parse_args()
     if a.only and a.reads:
@@ -90,6 +93,8 @@ def main() -> None:
     backend.build(data)
     trainer = Trainer(job, Path(tempfile.mkdtemp(prefix="overhead-")), backend)
     trainer.poll, trainer.poll_step = None, 0
+    if a.no_votes:
+        trainer.s.vote_due = lambda tick: False
     progress, policy = Progress(), Policy(job, 0, time.monotonic())
     sharder = Sharder(len(data), backend.size, backend.rank, a.batch, job.train.seed)
 
