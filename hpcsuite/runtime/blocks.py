@@ -75,13 +75,13 @@ def plan_blocks(batches: list, per_block: int) -> list[list]:
 class Buffers:
     """Arrays that blocks are read into, used again once nothing else refers to them.
 
-    They hold blocks of small micro-batches (up to a mebibyte in all) and micro-batches of
-    ALONE_MOST bytes or more, which a new array would give fresh pages from the kernel each
-    step. An array is handed out again only when the pool
-    holds the sole reference to it: every tensor a framework made from it (``torch.from_numpy``
-    and its views keep the array alive), every numpy view and every block is gone, so nothing
-    that can still be read sees it overwritten. Otherwise a new array is made (and kept while
-    the pool has room)."""
+    PyTorch's in-process reads keep here blocks of small micro-batches (up to a mebibyte in
+    all) and micro-batches of ALONE_MOST bytes or more, which a new array would give fresh pages
+    from the kernel each step. An array is handed out again only when the pool holds the sole
+    reference to it: every tensor a framework made from it (``torch.from_numpy`` and its views
+    keep the array alive), every numpy view and every block is gone, so nothing that can still
+    be read sees it overwritten. Otherwise a new array is made (and kept while the pool has
+    room)."""
 
     def __init__(self, most: int = 4):
         self.most = most
