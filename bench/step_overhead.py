@@ -28,6 +28,8 @@ or from the loop.
 step with three reads (see --help). `two` is how the managed loop reads a block of one micro-batch
 (it reads the next block early, while this step's is still in use); `one` is what reading it at the
 step's start, once the loop let go of the last, would give (tried in 139db7a, reverted: no gain).
+Since e3e0011 the managed loop reads micro-batches of 64 KiB up to 32 MiB as `plain` does, so
+`two` is its read only for bigger ones (and for blocks of smaller ones).
 
 --budget bounds the run: the ranks agree at each round boundary (a Horovod vote) whether to
 start another, so a stop signal (mpirun passes SIGTERM and SIGINT on to the ranks) or the end of

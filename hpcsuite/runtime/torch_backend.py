@@ -195,10 +195,10 @@ class TorchBackend(HorovodBackend):
     def _read_in_process(self, data, batches):
         """The micro-batches: mid-sized ones alone (:meth:`_read_alone`), the others in blocks
         (see :func:`.blocks.read_block`: one dataset call and one tensor per field for a block,
-        a view of it per micro-batch). The next block is
-        read when free: micro_step asks for it after the backward pass has handed the gradients
-        to Horovod and before the optimizer waits for their allreduce. Blocks are read into
-        arrays used again once the previous steps' tensors are gone (:class:`.blocks.Buffers`)."""
+        a view of it per micro-batch). The next block is read when free: micro_step asks for it
+        after the backward pass has handed the gradients to Horovod and before the optimizer
+        waits for their allreduce. Blocks are read into arrays used again once the previous
+        steps' tensors are gone (:class:`.blocks.Buffers`)."""
         if not batches:
             return
         from_numpy = self.torch.from_numpy
