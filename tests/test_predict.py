@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from hpcsuite.cli import main
 from hpcsuite.fabrics import BASE_LATENCY_US, Fabric, Link, PRESETS, from_profile
-from hpcsuite.study.predict import (MiB, Knobs, Workload, allreduce_s, allreduces, point,
+from hpcsuite.study.predict import (HELPS, MiB, Knobs, Workload, allreduce_s, allreduces, point,
                                     predict, sampled_step_s, steady_step_s, step_s)
 
 BASE = BASE_LATENCY_US * 1e-6          # 8.4 us, paid once by every allreduce
@@ -126,8 +126,8 @@ def run(*args, profile=None):
 
 
 def test_the_command_prints_a_table_and_writes_csv_and_png(tmp_path):
-    r = run("--params", "23851784", "--throughput", "142", "--batch", "64", "--nodes",
-            "1,2,8", "--gpus-per-node", "4", "--fabric", "25gbe-roce",
+    r = run("--params", "23851784", "--throughput", "1420", "--batch", "64", "--nodes",
+            "1,2,8", "--gpus-per-node", "4", "--fabric", "25gbe-tcp",
             "--csv", str(tmp_path / "p.csv"), "--png", str(tmp_path / "p.png"))
     assert r.exit_code == 0, r.output
     assert "helps most at 8 nodes" in r.output
@@ -241,3 +241,18 @@ def test_a_varying_computation_waits_for_the_slowest_rank_and_more_cycles():
         pytest.approx(2.0, rel=1e-12)
     with pytest.raises(ValueError):
         sampled_step_s(w, [], 2, 1, fabric, k)
+
+
+def test_a_knob_that_gains_next_to_nothing_is_not_named():
+    """At full efficiency every knob's gain is a rounding error: the command says no knob
+    helps instead of naming one that the table would show as +0.000."""
+    w = Workload(G, 1.0, 64)
+    result = predict(w, [1, 2], 1, Fabric("fast", Link(1000.0, 0.0)), Knobs())
+    gains = [rows[-1]["efficiency"] - result["series"]["current"][-1]["efficiency"]
+             for name, rows in result["series"].items() if name != "current"]
+    assert max(gains) < HELPS
+    assert result["best_knob"] is None
+    r = run("--params", "1000", "--step-ms", "1000", "--nodes", "1,2", "--fabric", "ib-ndr")
+    assert r.exit_code == 0, r.output
+    assert "no knob tried gains 0.005 or more efficiency at 2 nodes" in r.output
+    assert "helps most" not in r.output

@@ -254,10 +254,16 @@ def alternatives(knobs: Knobs, workload: Workload, gpus_per_node: int) -> dict[s
     return out
 
 
+# A knob is named as helping only when it gains at least this much efficiency at the largest
+# node count: a gain that the table prints as +0.000 (or that the model's own error dwarfs)
+# would send a user after a change that buys nothing.
+HELPS = 0.005
+
+
 def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fabric,
             knobs: Knobs, threshold: float = 0.8) -> dict:
     """Every knob setting at every node count, the knob that helps most at the largest node
-    count, and the first node count where the current settings' efficiency is below
+    count (if any gains :data:`HELPS` or more), and the first node count where the current settings' efficiency is below
     ``threshold``."""
     settings = alternatives(knobs, workload, gpus_per_node)
     series = {name: [point(workload, n, gpus_per_node, fabric, k) for n in nodes]
@@ -266,6 +272,8 @@ def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fa
     gains = {name: rows[-1]["efficiency"] - now for name, rows in series.items()
              if name != "current"}
     best = max(gains, key=gains.get) if gains else None
+    if best is not None and gains[best] < HELPS:
+        best = None
     below = next((r["nodes"] for r in series["current"] if r["efficiency"] < threshold), None)
     return {"fabric": fabric.describe(), "gpus_per_node": gpus_per_node,
             "workload": {"gradient_bytes": workload.gradient_bytes,
@@ -276,4 +284,4 @@ def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fa
             "series": series, "threshold": threshold, "below_threshold_at_nodes": below,
             "best_knob": ({"knob": best, "efficiency": series[best][-1]["efficiency"],
                            "gain": gains[best], "at_nodes": nodes[-1]}
-                          if best is not None and gains[best] > 0 else None)}
+                          if best is not None else None)}

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import UserError
-from .predict import Workload
+from .predict import HELPS, Workload
 
 
 def workload_from_study(target: str, backward_fraction: float,
@@ -78,7 +78,8 @@ def table(result: dict) -> str:
     lines.append("")
     lines.append(f"helps most at {current[-1]['nodes']} nodes: {best['knob']} "
                  f"({best['efficiency']:.3f}, +{best['gain']:.3f})" if best else
-                 f"no knob tried helps at {current[-1]['nodes']} nodes")
+                 f"no knob tried gains {HELPS} or more efficiency at {current[-1]['nodes']} "
+                 "nodes")
     lines.append(f"efficiency first falls under {result['threshold']:g} at {below} nodes"
                  if below else f"efficiency stays at or above {result['threshold']:g} up to "
                  f"{current[-1]['nodes']} nodes")
