@@ -250,7 +250,7 @@ def test_a_knob_that_gains_next_to_nothing_is_not_named():
     result = predict(w, [1, 2], 1, Fabric("fast", Link(1000.0, 0.0)), Knobs())
     gains = [rows[-1]["efficiency"] - result["series"]["current"][-1]["efficiency"]
              for name, rows in result["series"].items() if name != "current"]
-    assert max(gains) < HELPS
+    assert 0 < max(gains) < HELPS        # a gain, but one under half a point
     assert result["best_knob"] is None
     r = run("--params", "1000", "--step-ms", "1000", "--nodes", "1,2", "--fabric", "ib-ndr")
     assert r.exit_code == 0, r.output

@@ -263,15 +263,15 @@ HELPS = 0.005
 def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fabric,
             knobs: Knobs, threshold: float = 0.8) -> dict:
     """Every knob setting at every node count, the knob that helps most at the largest node
-    count (if any gains :data:`HELPS` or more), and the first node count where the current settings' efficiency is below
-    ``threshold``."""
+    count (if any gains :data:`HELPS` or more), and the first node count where the current
+    settings' efficiency is below ``threshold``."""
     settings = alternatives(knobs, workload, gpus_per_node)
     series = {name: [point(workload, n, gpus_per_node, fabric, k) for n in nodes]
               for name, k in settings.items()}
     now = series["current"][-1]["efficiency"]
     gains = {name: rows[-1]["efficiency"] - now for name, rows in series.items()
              if name != "current"}
-    best = max(gains, key=gains.get) if gains else None
+    best = max(gains, key=gains.get, default=None)
     if best is not None and gains[best] < HELPS:
         best = None
     below = next((r["nodes"] for r in series["current"] if r["efficiency"] < threshold), None)
