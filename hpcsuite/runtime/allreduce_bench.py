@@ -45,6 +45,7 @@ from pathlib import Path
 # Run as a script (runpy.run_path): absolute imports only.
 from hpcsuite.allreduce import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
+from hpcsuite.runtime.shm import private_shm  # noqa: E402
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
 MAX_ITERATIONS = 100_000
@@ -269,6 +270,7 @@ def write(data: dict, run_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> dict | None:
     a, sizes = parse_args(argv)
+    private_shm()            # before mpi4py starts MPI: nodes sharing a host need their own
     started = time.perf_counter()
     comm, mpi, horovod_times, hosts, controller = measure(sizes, a)
     if comm.rank != 0:

@@ -21,6 +21,7 @@ from ..submit.spec import JobSpec
 from .job_io import hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
 from .placement import place
 from .ranks import from_env
+from .shm import private_shm
 from .signals import FLAG, announce_ready
 
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
@@ -54,6 +55,9 @@ def main(job_path: str) -> None:
     placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
     if placed:
         log.info("GPU placement: %s", placed)
+    shm = private_shm()                            # before MPI starts (Horovod's init)
+    if shm:
+        log.info("%s", shm)
     try:
         if job.train.script:
             from .script import run_script

@@ -158,4 +158,6 @@ def render_profile(gpus: int = 0) -> str:
             "# HPCSUITE_PROFILE here.\n"
             "name: local\n"
             "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
+            "mpi:\n"
+            "  nodes_share_host: true   # node1 and node2 are one machine: each its own MPI segments\n"
             f"partitions:\n{parts}\n")

@@ -39,9 +39,12 @@ def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:
     the local cluster single 2-rank runs swung 10x). Such ranks yield while they wait. A site
     decides otherwise with ``mpi.mca.mpi_yield_when_idle`` in its profile; a job with
     ``env``."""
-    if job.resources.cpus_per_task >= 2 or "mpi_yield_when_idle" in profile.mpi.mca:
-        return {}
-    return {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    env = {}
+    if job.resources.cpus_per_task < 2 and "mpi_yield_when_idle" not in profile.mpi.mca:
+        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if profile.mpi.nodes_share_host:   # each node's ranks their own segments (runtime/shm.py)
+        env[rundir.NODE_PRIVATE_SHM] = "/dev/shm"
+    return env
 
 
 @record

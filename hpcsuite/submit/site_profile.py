@@ -100,6 +100,10 @@ class Mpi(Record):
                                 metadata=_m("OpenMPI MCA parameters for mpirun (--mca KEY VALUE)",
                                             key_pattern=r"[a-z][a-z0-9_]*",
                                             key_help="not an MCA parameter name"))
+    nodes_share_host: bool = field(default=False, metadata=_m(
+        "the site's Slurm nodes are several slurmd on one machine (as `hpcsuite cluster up` "
+        "runs them): each node's ranks get their own Open MPI shared-memory directory, whose "
+        "segments would otherwise collide between nodes"))
     mpirun_args: list[str] = field(default_factory=list, metadata=_m("extra mpirun arguments"))
     srun_args: list[str] = field(default_factory=list, metadata=_m("extra srun arguments"))
     binding: Binding = field(default_factory=lambda: Binding("none", "slot", None), metadata=_m(
