@@ -7,10 +7,14 @@ the data adapter and its own tensor collectives (:mod:`.torch_backend`, :mod:`.t
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..errors import UserError
 from ..submit.spec import JobSpec, precision_problem
+
+log = logging.getLogger(__name__)
 
 
 class HorovodBackend:
@@ -93,10 +97,20 @@ class HorovodBackend:
 
     def common_versions(self) -> dict:
         import horovod
-        from mpi4py import MPI
 
-        return {"horovod": horovod.__version__, "numpy": np.__version__,
-                "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 ")}
+        return {"horovod": horovod.__version__, "numpy": np.__version__, "mpi": mpi_version()}
 
     def shutdown(self) -> None:
         self.hvd.shutdown()
+
+
+def mpi_version() -> str | None:
+    """The MPI library's name and version for results.json, or None: asked after training, so
+    a rank without mpi4py (a Gloo-only Horovod, a container image) still writes its results."""
+    try:
+        from mpi4py import MPI
+
+        return MPI.Get_library_version().splitlines()[0].strip("\x00 ")
+    except Exception as e:  # noqa: BLE001 - ImportError, or a libmpi that does not load
+        log.warning("results.json without the MPI version: %s: %s", type(e).__name__, e)
+        return None

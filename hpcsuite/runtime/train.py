@@ -115,14 +115,29 @@ def finish(run_dir: Path, per_rank: dict, results) -> None:
     write_json_atomic(RunDir(run_dir).rank_record(per_rank["rank"]), per_rank)
     if results is None:
         return
-    from .. import slurm
-
-    done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
-    results.versions["slurm"] = done.stdout.strip() or None
+    results.versions["slurm"] = slurm_version()
     results.versions["python"] = sys.version.split()[0]
     path = publish(run_dir, results)
     print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
           f"({results.samples_per_s:.1f} samples/s on {count(results.world_size, 'rank')})", flush=True)
+
+
+def slurm_version() -> str | None:
+    """``srun --version`` for results.json, or None: training is over by now, so a rank whose
+    PATH has no Slurm clients (a container image without them, a machine outside Slurm) or
+    whose srun fails still writes its results; the reason is logged."""
+    from .. import slurm
+
+    try:
+        done = slurm.call(["srun", "--version"], check=False, timeout=10, env=dict(os.environ))
+    except (UserError, OSError) as e:
+        log.warning("results.json without the Slurm version: %s", e)
+        return None
+    if done.returncode != 0:
+        log.warning("results.json without the Slurm version: srun --version exit %d",
+                    done.returncode)
+        return None
+    return done.stdout.strip() or None
 
 
 def blame_by_frames(job: JobSpec, exc: BaseException) -> str | None:
