@@ -1,13 +1,20 @@
 """The GPU path of the backends, run wherever a CUDA GPU is present: each test is skipped with
 the reason printed (pytest -rs) on a machine without one, such as the project's 2-core CI
 machine. GPU placement itself (Slurm gres, CUDA_VISIBLE_DEVICES per rank) needs no GPU and
-is tested in tests/test_gpu_placement.py and tests/test_e2e_gpu.py."""
+is tested in tests/test_gpu_placement.py and tests/test_e2e_gpu.py. None of these needs Slurm:
+bench/gpu_check.sh runs them on a lent GPU machine, which has none."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 
+import math
+
 import pytest
+from rank_by_hand import run_rank, write_job
+
+from hpcsuite.runs.results import Results
 
 
 def _cuda() -> bool:
@@ -53,8 +60,9 @@ print(json.dumps({{"device": backend.device, "scaler": backend.scaler is not Non
 def test_horovod_was_built_with_nccl_where_cuda_exists():
     out = _run("import json, horovod.torch as hvd; hvd.init(); "
                "print(json.dumps({'nccl': hvd.nccl_built(), 'cuda': hvd.cuda_built()}))")
-    assert out == {"nccl": True, "cuda": True}, ("scripts/setup.sh builds Horovod with "
-                                                 "HOROVOD_GPU_OPERATIONS=NCCL when nvcc exists")
+    # nccl_built() is NCCL's version as an int (2.28.3: 22803), 0 without NCCL; cuda_built() a bool
+    assert out["cuda"] is True and isinstance(out["nccl"], int) and out["nccl"] >= 20000, (
+        out, "scripts/setup.sh builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL when nvcc exists")
 
 
 @needs_gpu
@@ -67,6 +75,8 @@ def test_an_allreduce_on_the_gpu_through_horovod():
 
 
 @needs_gpu
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="no TensorFlow here: the TensorFlow backend's GPU path was not run")
 def test_tensorflow_uses_the_gpu_with_mixed_float16(tmp_path):
     out = _run(f"""
 import json
@@ -81,3 +91,38 @@ per_rank, results = Trainer(job, {str(tmp_path)!r}, backend).run()
 print(json.dumps({{"device": backend.device, "last": results.loss[-1]}}))
 """)
     assert out["device"].startswith("cuda:") and out["last"] == out["last"]   # finite, not NaN
+
+
+@needs_gpu
+def test_a_rank_trains_on_the_gpu_with_amp_monitored_then_resumes(tmp_path):
+    """`hpcsuite train` as a rank runs it (a subprocess reading its job.json; no Slurm, as on a
+    lent GPU machine): amp, the monitor, checkpoints; then a second attempt resumes from the
+    last checkpoint. amp is float16 with a gradient scaler only on a CUDA device (bfloat16
+    without one on the CPU), so precision_seen says where the steps ran; the monitor's NVML
+    samples say which GPU was busy."""
+    spec = {"name": "gpu-rank", "output_dir": str(tmp_path / "runs"), "train": {
+        "model": "resnet", "precision": "amp", "max_steps": 30, "batch_size": 64,
+        "data": {"samples": 4096, "shape": [3, 32, 32]},
+        "monitor": {"enabled": True, "interval_seconds": 0.2},
+        "checkpoint": {"every_steps": 10}}}
+    first = write_job(tmp_path / "runs" / "gpu-rank" / "1", spec)
+    done = run_rank(first)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    r = Results.load(first.parent / "results.json")
+    assert r.precision_seen == {"compute_dtype": "float16", "loss_scaling": True,
+                                "param_dtype": "float32"}, r.precision_seen
+    assert r.versions.get("cuda"), r.versions
+    gpu = [s for s in r.utilisation[0] if "gpu_percent" in s]
+    assert gpu and all(s["gpu_memory_bytes"] > 0 for s in gpu), r.utilisation
+    assert [c["step"] for c in r.checkpoints] == [10, 20, 30]
+    assert all(math.isfinite(x) for x in r.loss), r.loss
+    assert sum(r.loss[-5:]) < sum(r.loss[:5]), r.loss                  # falling
+
+    spec["train"]["max_steps"] = 40
+    second = write_job(tmp_path / "runs" / "gpu-rank" / "2", spec)
+    done = run_rank(second)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    r2 = Results.load(second.parent / "results.json")
+    assert (r2.start_step, r2.final_step, r2.steps) == (30, 40, 10), r2
+    assert r2.resumed_from and r2.precision_seen["compute_dtype"] == "float16"
+    assert all(math.isfinite(x) for x in r2.loss)
