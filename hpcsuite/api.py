@@ -106,6 +106,8 @@ class Run:
         self._call_times: list[float] = []
         self._last_call = time.perf_counter()
         self._save_agreed = False
+        self._own_real: list[int] = []   # per step: this rank's real samples (weighs its loss)
+        self._shown: dict | None = None  # size > 1: the last log()'s numbers, shown at the vote
         self._last = time.perf_counter()
         self._t0 = time.perf_counter()
         self._n: int | None = None
@@ -157,15 +159,19 @@ class Run:
         sharder = Sharder(n, self.size, self.rank, batch_size or self.t.batch_size, self.t.seed,
                           accumulation or self.t.grad_accumulation)
         epochs = epochs or self.t.epoch_limit(sharder.steps_per_epoch())
+        own = 0
         while p.cursor.epoch < epochs:
             for batch in sharder.epoch(p.cursor):
                 if s.policy.done(p.step):
                     return
                 m.samples += batch.real
+                own += batch.real
                 if batch.last_in_step:
                     p.step += 1
                     p.cursor = batch.cursor
                     m.real.append(batch.step_real)
+                    self._own_real.append(own)
+                    own = 0
                 yield batch
                 if s.stopped:
                     return
@@ -174,7 +180,10 @@ class Run:
     # ---------------------------------------------------------------- recording
     def log(self, **metrics: float) -> None:
         """Record this optimizer step: its time (since the previous call) and the script's
-        numbers (loss, accuracy, ...), which reach results.json."""
+        numbers (loss, accuracy, ...), which reach results.json. ``loss`` is taken as the mean
+        over this rank's real samples; on more than one rank, what a user reads (the log line,
+        progress.json, TensorBoard, results.json) is the global mean, which the ranks' vote in
+        :meth:`should_stop` carries: those are shown at the vote."""
         s = self.session
         now = time.perf_counter()
         s.metrics.step_times.append(now - self._last)
@@ -189,17 +198,32 @@ class Run:
                 self._timeline = Window(self.hvd, self.rank, self.run_dir,
                                         mon.timeline_start_step, mon.timeline_steps)
             self._timeline.step(self.step)
+        if self.size == 1:             # this rank's loss is the global mean
+            self._show(self.step, self.epoch, metrics)
+        else:
+            self._shown = dict(metrics)
+
+    def _show(self, step: int, epoch: int, metrics: dict) -> None:
+        """Rank 0's progress.json, TensorBoard point and log line, each when due."""
+        s = self.session
         if s.progress_due():
-            self._write_progress(metrics)
+            self._write_progress(metrics, step, epoch)
         if s.chart_due():              # rank 0, train.monitor.tensorboard, a few times a second
-            s.chart_training(self.step, **metrics)
+            s.chart_training(step, **metrics)
         if self.rank == 0 and s.policy.log_due(time.monotonic()):
             shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            log.info("step %d, epoch %d%s", self.step, self.epoch, f", {shown}" if shown else "")
+            log.info("step %d, epoch %d%s", step, epoch, f", {shown}" if shown else "")
 
-    def _write_progress(self, metrics: dict) -> None:
+    def _loss_sum(self) -> float:
+        """This step's loss summed over this rank's real samples (NaN: none logged this step)."""
+        series = self.session.metrics.series.get("loss", [])
+        if self._shown is None or "loss" not in self._shown or not self._own_real:
+            return float("nan")
+        return series[-1] * self._own_real[-1]
+
+    def _write_progress(self, metrics: dict, step: int, epoch: int) -> None:
         self.session.write_progress(
-            self.step, self.epoch, loss=float(metrics["loss"]) if "loss" in metrics else None,
+            step, epoch, loss=float(metrics["loss"]) if "loss" in metrics else None,
             metrics={k: float(v) for k, v in metrics.items()})
 
     # ---------------------------------------------------------------- stopping and saving
@@ -218,8 +242,18 @@ class Run:
         tick = s.progress.start_step + self._calls   # the first call votes
         if not s.vote_due(tick):
             return False
-        s.post_vote(tick, self._call_times[1:] or self._call_times, 0, self.vote_seconds)
-        self._save_agreed = s.read_vote().save
+        s.post_vote(tick, self._call_times[1:] or self._call_times, 0, self.vote_seconds,
+                    self._loss_sum())
+        result = s.read_vote()
+        self._save_agreed = result.save
+        if self._shown is not None and s.metrics.real:
+            shown = dict(self._shown)
+            if "loss" in shown and result.loss_sum == result.loss_sum:   # NaN: a rank had none
+                shown["loss"] = result.loss_sum / s.metrics.real[-1]
+            elif "loss" in shown:
+                del shown["loss"]
+            self._show(self.step, self.epoch, shown)
+            self._shown = None
         return s.stopped
 
     def checkpoint_due(self) -> bool:
@@ -257,19 +291,21 @@ class Run:
         if self._timeline is not None:
             self._timeline.close(self.step)
         mine = s.note(elapsed, checksum(params) if params is not None else None,
-                      rank=self.rank, metrics=m.series)
+                      rank=self.rank, metrics=m.series, own_real=self._own_real)
         s.write_rank_record({**mine, "steps": self.step - self.start_step,
                              "step_time_s": m.step_times})
         gathered = s.gather(mine)
         if self.rank != 0:
             return
+        metrics = {k: list(v) for k, v in m.series.items()}   # every run.log() series
+        if "loss" in metrics:
+            metrics["loss"] = global_loss(gathered)
         if m.step_times:       # the last step, not one up to 2 s before it
-            last = {k: v[-1] for k, v in m.series.items() if v}
-            self._write_progress(last)
+            last = {k: v[-1] for k, v in metrics.items() if v}
+            self._write_progress(last, self.step, self.epoch)
             if s.chart is not None and s.chart.last_step != self.step:
                 s.chart_training(self.step, **last)
         s.close_chart()
-        metrics = {k: list(v) for k, v in m.series.items()}   # every run.log() series
         results = s.results(
             gathered, status, mode="script", model=self.t.script, dataset_samples=self._n or 0,
             epochs=self.t.epochs or 1, loss=list(metrics.get("loss", [])),
@@ -279,6 +315,23 @@ class Run:
             results.gradient_bytes = 4 * sum(int(np.asarray(v).size) for v in params.values())
         path = publish(self.run_dir, results)
         print(f"hpcsuite script: {status} at step {self.step}; wrote {path}", flush=True)
+
+
+def global_loss(gathered: list[dict]) -> list[float]:
+    """Each step's loss over every rank's real samples, from the ranks' notes: each rank's
+    logged mean weighted by its real samples that step (equal weights where a rank's losses do
+    not line up with its steps; rank 0's own where the ranks logged different numbers of them)."""
+    series = [g["metrics"].get("loss", []) for g in gathered]
+    if any(len(x) != len(series[0]) for x in series):
+        return list(series[0])
+    weights = [g["own_real"] if len(g["own_real"]) == len(x) else [1] * len(x)
+               for g, x in zip(gathered, series)]
+    out = []
+    for values, counts in zip(zip(*series), zip(*weights)):
+        total = sum(counts)
+        out.append(sum(v * c for v, c in zip(values, counts)) / total if total else
+                   sum(values) / len(values))
+    return out
 
 
 def _find_job(hvd, job: JobSpec | None, run_dir, spec) -> tuple[JobSpec, Path]:

@@ -35,7 +35,7 @@ def test_gpu_options(resources, request_, expected):
 @pytest.mark.parametrize("visible, local, per_rank, mine", [
     (["0", "1"], 0, 1, ["0"]), (["0", "1"], 1, 1, ["1"]), (["0", "1", "2", "3"], 1, 2, ["2", "3"]),
     (["3"], 1, 1, ["3"]),                 # Slurm already gave this rank only its own
-    (["0", "1"], 3, 1, ["1"]),            # more ranks than GPUs: they wrap (lint warned)
+    (["0", "1"], 3, 1, ["1"]),            # more ranks than GPUs: they wrap (gpu_sharing only)
 ])
 def test_choose(visible, local, per_rank, mine):
     assert placement.choose(visible, local, per_rank) == mine
@@ -112,3 +112,32 @@ def test_a_template_that_drops_the_gpu_request_is_refused(tmp_path, monkeypatch)
                                        "partition: gpu, gpus_per_node: 4}\n")
     with pytest.raises(UserError, match="gpus-per-node"):
         runner.prepare("job.yaml", PROFILE, template_dir=str(tdir))
+
+
+def test_more_ranks_than_gpus_per_node_is_refused_naming_the_keys_unless_sharing_is_meant(
+        tmp_path, monkeypatch):
+    spec = ("name: s\nresources: {partition: gpu, tasks_per_node: 2, gpus_per_node: 1%s}\n")
+    with pytest.raises(runner.LintFailed) as e:
+        prepared(tmp_path, monkeypatch, spec % "")
+    text = str(e.value)
+    assert "resources.tasks_per_node" in text and "resources.gpus_per_node" in text
+    assert "resources.gpu_sharing" in text and text.count("\n") <= 1
+    shared = prepared(tmp_path, monkeypatch, spec % ", gpu_sharing: true")
+    assert [w.key for w in shared.warnings] == []
+    quiet = prepared(tmp_path, monkeypatch, "name: s\nresources: {partition: gpu, "
+                     "tasks_per_node: 2, gpus_per_node: 2, gpu_sharing: true}\n")
+    assert [w.key for w in quiet.warnings] == ["resources.gpu_sharing"]
+
+
+def test_no_two_ranks_share_a_device_unless_the_spec_says_so():
+    # Two ranks, one GPU: the job.json was not refused at submit (written by hand, an old one).
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    with pytest.raises(UserError, match="resources.gpu_sharing"):
+        placement.place(job(gpus_per_node=1), 1, env)
+    # Slurm made fewer GPUs visible than the node's ranks need.
+    with pytest.raises(UserError, match="local rank 2 would share a GPU"):
+        placement.place(job(gpus_per_node=2, tasks_per_node=3), 2, {"CUDA_VISIBLE_DEVICES": "0,1"})
+    for local in (0, 1):
+        env = {"CUDA_VISIBLE_DEVICES": "0"}
+        line = placement.place(job(gpus_per_node=1, gpu_sharing=True), local, env)
+        assert env["CUDA_VISIBLE_DEVICES"] == "0" and "shared with other ranks" in line

@@ -21,7 +21,7 @@ def state(job_id="9", name="COMPLETED", exit_code="0:0", stdout=None, reason=Non
 
 def test_prepare_returns_the_request_and_its_warnings_unprinted(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "job.yaml").write_text("name: w\nresources: {tasks_per_node: 2, gpus_per_node: 1,"
+    (tmp_path / "job.yaml").write_text("name: w\nresources: {tasks_per_node: 2, gpus_per_node: 4,"
                                        " partition: gpu}\n")
     prepared = runner.prepare("job.yaml", PROFILE)
     assert prepared.site_profile is True

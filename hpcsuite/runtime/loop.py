@@ -267,13 +267,17 @@ class Trainer:
             result = s.read_vote()
             stop = "preempted" if result.stop else None
             save = result.stop or result.save
+            # Progress, charts and rank 0's log line all show the voted step's global mean
+            # loss (every rank's loss sum), the number results.json records for that step.
+            step, epoch, real = self.poll_at
+            loss, lr = result.loss_sum / real, m.lr[step - p.step - 1]
             if s.progress_due():
-                self.write_progress(*self.poll_at, result.loss_sum / self.poll_at[2])
+                self.write_progress(step, epoch, real, loss)
             if s.chart_due():
-                step, _, real = self.poll_at
-                s.chart_training(step, loss=result.loss_sum / real,
-                                 learning_rate=m.lr[step - p.step - 1])
+                s.chart_training(step, loss=loss, learning_rate=lr)
                 self.chart_utilisation()
+            if self.b.rank == 0 and policy.log_due(time.monotonic()):
+                log.info("step %d, epoch %d, loss %.4f, lr %.4g", step, epoch, loss, lr)
         if stop is None and s.vote_due(p.step):
             self.settle_losses()
             # The vote carries this step's loss sum too: progress shows the global mean.
@@ -282,10 +286,6 @@ class Trainer:
             self.poll_at = (p.step, p.cursor.epoch, step_real)
         if policy.save_due(p.step, save):
             self.save(p, s.stop_reason if stop else "interval")
-        if self.b.rank == 0 and policy.log_due(time.monotonic()):
-            self.settle_losses()
-            log.info("step %d, epoch %d, loss %.4f, lr %.4g", p.step, p.cursor.epoch,
-                     m.loss_sums[-1] / step_real, self.lr)
         return stop
 
     def state_bytes(self) -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ..errors import UserError
+
 log = logging.getLogger(__name__)
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -46,8 +48,21 @@ def place(job, local_rank: int, env=os.environ) -> str | None:
     if not visible:
         return f"local rank {local_rank}: Slurm made no GPU visible ({VISIBLE} unset)"
     per_rank = r.gpus_per_task or max(1, r.gpus_per_node // max(1, r.tasks_per_node))
+    # The node's local ranks would not each have their own: refused unless the spec says so
+    # (lint refuses it at submit; this holds for a job.json written any other way, and for a
+    # node where Slurm made fewer GPUs visible than the job asked for).
+    short = (r.gpus_per_node and r.tasks_per_node * per_rank > r.gpus_per_node) or \
+        (len(visible) > per_rank and (local_rank + 1) * per_rank > len(visible))
+    if short and not r.gpu_sharing:
+        raise UserError(f"resources.tasks_per_node: local rank {local_rank} would share a GPU "
+                        f"({r.tasks_per_node} ranks per node, resources.gpus_per_node "
+                        f"{r.gpus_per_node}, {VISIBLE}={','.join(visible)}); set "
+                        "resources.gpu_sharing: true if sharing is meant")
     mine = choose(visible, local_rank, per_rank)
     env[VISIBLE] = ",".join(mine)
+    if short:
+        return (f"local rank {local_rank}: {VISIBLE}={env[VISIBLE]} (shared with other ranks of "
+                "the node: resources.gpu_sharing)")
     if mine == visible:
         return f"local rank {local_rank}: {VISIBLE}={env[VISIBLE]} (as Slurm gave it)"
     return (f"local rank {local_rank}: {VISIBLE}={env[VISIBLE]} (its own of the node's "

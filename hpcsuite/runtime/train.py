@@ -52,7 +52,10 @@ def main(job_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
-    placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
+    try:
+        placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
+    except UserError as e:                             # ranks sharing a GPU, not meant
+        fail(run_dir, rank, f"error: {e}", code=2)
     if placed:
         log.info("GPU placement: %s", placed)
     shm = private_shm()                            # before MPI starts (Horovod's init)

@@ -162,11 +162,20 @@ def gpu_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
     if gpu_bind and not (r.gpus_per_node or r.gpus_per_task) and r.binding.gpu_bind:
         out.append(Finding("warning", "resources.binding.gpu_bind",
                            "the job asks for no GPUs: it has no effect"))
-    if r.gpus_per_node and r.tasks_per_node != r.gpus_per_node:
+    if r.gpus_per_node and r.tasks_per_node > r.gpus_per_node and not r.gpu_sharing:
+        out.append(Finding("error", "resources.tasks_per_node",
+                           f"{count(r.tasks_per_node, 'rank')} per node but resources.gpus_per_node "
+                           f"is {r.gpus_per_node}: ranks would share a GPU, which NCCL refuses; "
+                           "give one GPU per rank, or set resources.gpu_sharing: true if "
+                           "sharing is meant"))
+    elif r.gpus_per_node and r.tasks_per_node < r.gpus_per_node:
         out.append(Finding("warning", "resources.tasks_per_node",
                            f"{count(r.tasks_per_node, 'rank')} per node but "
                            f"{count(r.gpus_per_node, 'GPU')} per node; Horovod expects one "
                            "rank per GPU"))
+    if r.gpu_sharing and not (r.gpus_per_node and r.tasks_per_node > r.gpus_per_node):
+        out.append(Finding("warning", "resources.gpu_sharing",
+                           "true has no effect: no more ranks per node than gpus_per_node"))
     return out
 
 

@@ -77,6 +77,10 @@ class Resources(Record):
     gpus_per_node: int = field(default=0, metadata=_m(
         "GPUs per node (one rank per GPU: each rank sees only its own, by local rank)",
         min=0, max=64))
+    gpu_sharing: bool = field(default=False, metadata=_m(
+        "true: more ranks per node than gpus_per_node is meant, local ranks take the node's GPUs "
+        "in turn (NCCL refuses two ranks of one job on one GPU: for CPU collectives or MPS); "
+        "false (default): such a job is refused and no two ranks ever share a GPU"))
     gpus_per_task: int = field(default=0, metadata=_m(
         "GPUs per rank instead of per node (sbatch --gpus-per-task with --ntasks; launcher srun "
         "only: Slurm gives them to each task it starts)", min=0, max=64))
