@@ -9,6 +9,7 @@ is tested in tests/test_gpu.py wherever a GPU is present."""
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,35 @@ def test_lint_refuses_gpus_per_task_under_mpirun(gpu_cluster, tmp_path):
     (tmp_path / "job.yaml").write_text(three)
     proc = run_cli("submit", "job.yaml", cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "resources.gpus_per_node: 3 GPUs per node" in proc.stderr
+
+
+TRAIN_2X2 = """name: {name}
+launcher: {launcher}
+resources: {{nodes: 2, tasks_per_node: 2, partition: debug, time: "00:05:00"{gpus}}}
+train:
+  model: mlp
+  data: {{kind: synthetic, samples: 2048}}
+  batch_size: 64
+  epochs: 2
+"""
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+@pytest.mark.parametrize("gpus", ["", ", gpus_per_node: 2"], ids=["no-gpus", "gpus"])
+def test_two_nodes_of_two_ranks_train(gpu_cluster, tmp_path, launcher, gpus):
+    """node1 and node2 are one host: Open MPI's shared-memory segments, named by host, job and
+    local rank, collided between them and 2 x 2 jobs crashed in Horovod's init or hung there.
+    The cluster's profile (mpi.nodes_share_host) gives each node its own directory."""
+    cluster, env = gpu_cluster
+    name = f"two-by-two-{launcher}{'-gpus' if gpus else ''}"
+    (tmp_path / "job.yaml").write_text(TRAIN_2X2.format(name=name, launcher=launcher, gpus=gpus))
+    proc = run_cli("submit", "job.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    run_dir = tmp_path / out["run_dir"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results["world_size"] == 4, results
+    assert results["final_step"] == 2 * 2048 // (64 * 4), results
+    logs = "".join(p.read_text() for p in run_dir.glob("logs/rank-*.log"))
+    assert logs.count("Open MPI shared memory of this node in /dev/shm/") == 4, logs
+    assert not list(Path("/dev/shm").glob(f"hpcsuite-*-{out['job_id']}-*")), "segments left"
