@@ -256,9 +256,11 @@ def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -
 def report(run, out):
     """Draw PNG plots of RUN (a job id, a run directory, or a job name) from its results:
     loss.png, throughput.png, and with train.monitor utilisation.png. Prints, for each Horovod
-    timeline window (train.monitor.timeline_steps), the time per step of its activities, and
-    with train.monitor.tensorboard where the event files are and the `tensorboard` command."""
-    from ..runs.report import plot, tensorboard_line, timeline_line, timeline_summary, timeline_windows
+    timeline window (train.monitor.timeline_steps), the time per step of its activities,
+    with train.monitor.tensorboard where the event files are and the `tensorboard` command,
+    and with train.monitor on GPUs their energy and whether they were starved for data."""
+    from ..runs.report import (gpu_findings, plot, tensorboard_line, timeline_line,
+                               timeline_summary, timeline_windows)
 
     job_id, entry = _find_run(run)
     if entry is None:
@@ -271,6 +273,8 @@ def report(run, out):
     board = tensorboard_line(Path(entry["run_dir"]))
     if board:
         click.echo(board)
+    for line in gpu_findings(Path(entry["run_dir"])):
+        click.echo(line)
 
 
 @main.command()

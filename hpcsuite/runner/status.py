@@ -91,6 +91,7 @@ class StatusRecord(Record):
     def to_json(self) -> dict:
         """`status --json`."""
         from ..runs import attempts
+        from ..runs.gpu_use import gpu_verdict
 
         payload = {**self.state.to_json(), "run_dir": str(self.run_dir) if self.run_dir else None,
                    "progress": self.progress, "name": self.name}
@@ -98,7 +99,10 @@ class StatusRecord(Record):
         if r is not None:
             payload["results"] = {"status": r.status, "final_step": r.final_step,
                                   "samples_per_s": r.samples_per_s, "attempt": r.attempt,
-                                  "stop": r.stop, "attempts": r.attempts, "history": r.history}
+                                  "stop": r.stop, "attempts": r.attempts, "history": r.history,
+                                  "energy_j": r.energy_j, "samples_per_joule": r.samples_per_joule,
+                                  "gpu": gpu_verdict(r.utilisation, r.data_wait_fraction,
+                                                     r.step_times_s, r.start_step)}
         c = attempts.counts(self.records)
         payload["attempts"] = {"records": self.records, "count": c.attempts,
                                "completed": c.completed, "preempted": c.preempted,
@@ -108,6 +112,7 @@ class StatusRecord(Record):
     def lines(self) -> list[str]:
         """`status` as text."""
         from ..runs import attempts
+        from ..runs.gpu_use import gpu_lines
         from ..runs.results import describe_run, describe_stop
 
         s, r = self.state, self.results
@@ -124,6 +129,7 @@ class StatusRecord(Record):
                 out.append(f"  stopped: {describe_stop(r)}")
             if len(r.attempts or []) > 1:
                 out.append(f"  whole run: {describe_run(r)}")
+            out += [f"  {line}" for line in gpu_lines(r)]
         if self.records:
             out.append(f"  attempts: {attempts.counts(self.records).describe()}; last: "
                        f"{describe_record(self.records[-1])}")

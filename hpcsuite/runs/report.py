@@ -12,7 +12,8 @@ utilisation.png with train.monitor: each rank's CPU (or GPU) use and memory over
 and, for each Horovod timeline window the run recorded (``train.monitor.timeline_steps``), the
 time per step its activities took (waiting for the other ranks in NEGOTIATE_*, the allreduce
 itself and what it is made of), summed over the tensors; with ``train.monitor.tensorboard``, where
-the TensorBoard event files are and how to open them.
+the TensorBoard event files are and how to open them; with train.monitor on GPUs, whether they
+were starved or underused, and their energy (:mod:`.gpu_use`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def load(run_dir: Path) -> Results:
         raise UserError(f"{path}: no results yet (the job has not finished, or it failed: "
                         "`hpcsuite status` and `hpcsuite logs` tell)")
     return Results.load(path)
+
+
+def gpu_findings(run_dir: Path) -> list[str]:
+    """What the run's GPUs did, in lines: starved or underused, and their energy."""
+    from .gpu_use import gpu_lines
+
+    return gpu_lines(load(run_dir))
 
 
 def timeline_windows(run_dir: Path) -> list[Path]:

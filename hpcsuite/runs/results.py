@@ -102,6 +102,11 @@ class Results:
     # train.monitor: per rank, samples of {t, step, cpu_percent, rss_bytes[, gpu_percent,
     # gpu_memory_bytes]} over the run (t: seconds since training began)
     utilisation: list[list[dict]] = field(default_factory=list)
+    # train.monitor on GPUs (NVML's energy counter, training's start to its end): each rank's
+    # joules (None: its GPU did not say), their sum, and samples per joule (all ranks said)
+    energy_j_per_rank: list = field(default_factory=list)
+    energy_j: float | None = None
+    samples_per_joule: float | None = None
     gradient_tensors: int = 0                               # tensors one step allreduces
     gradient_bytes: int = 0                                 # their size in float32
     spec_digest: str | None = None
@@ -130,6 +135,8 @@ class Results:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             want = {list: list, dict: dict, bool: bool, int: int, float: (int, float),
                     str: str}.get(type(default))
+            if f.type == "float | None":
+                want = (int, float)
             if value is not None and want is not None and (not isinstance(value, want) or
                                                            isinstance(value, bool) and want is not bool):
                 raise TypeError(f"{f.name}: expected {getattr(want, '__name__', 'a number')}, got "
@@ -181,6 +188,19 @@ class Results:
         """:attr:`history`, or this attempt's own series where the file has none (an older
         hpcsuite wrote it)."""
         return self.history if self.history.get("steps") else history([self])
+
+
+def energy_record(per_rank: list, samples: int) -> dict:
+    """results.json's energy fields from each rank's joules (None where its GPU did not say):
+    the sum over the ranks that said, and samples per joule only when every rank said (a
+    partial sum would flatter the ratio); {} when none did."""
+    said = [j for j in per_rank if isinstance(j, (int, float))]
+    if not said:
+        return {}
+    total = float(sum(said))
+    return {"energy_j_per_rank": list(per_rank), "energy_j": total,
+            "samples_per_joule": samples / total if len(said) == len(per_rank) and total > 0
+            else None}
 
 
 SUMMARY_KEYS = ("attempt", "job_id", "status", "world_size", "start_step", "final_step", "steps",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 import numpy as np
 
 from ..errors import UserError
+from ..runs.results import energy_record
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec
 from .checkpoint import Loaded
@@ -104,6 +105,7 @@ class Trainer:
         self.sampler = None
         self.utilisation: list[dict] = []
         self.charted_samples = 0     # rank 0's utilisation samples already in TensorBoard
+        self.energy: dict = {}       # rank 0, at the report: results.json's energy fields
         self._state_bytes: int | None = None
 
     # ---------------------------------------------------------------- resume
@@ -325,6 +327,9 @@ class Trainer:
         for rank, g in enumerate(gathered[1:] if self.sampler is not None else [], start=1):
             for sample in g["utilisation"]:
                 s.chart_point(sample["step"], utilisation_values(rank, sample))
+        if self.energy:
+            s.chart_point(p.step, {"energy/joules": self.energy["energy_j"],
+                                   "energy/samples_per_joule": self.energy["samples_per_joule"]})
         s.close_chart()
 
     # ---------------------------------------------------------------- validation
@@ -356,12 +361,15 @@ class Trainer:
         s, m = self.s, self.metrics
         checksum = self.b.checksum()
         gathered = s.gather(s.note(elapsed, checksum, loss_sums=m.loss_sums,
-                                   utilisation=self.utilisation))
+                                   utilisation=self.utilisation,
+                                   energy_j=self.sampler.energy_j if self.sampler else None))
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
                     "data_time_s": m.data_times, "param_checksum": checksum}
         if self.b.rank != 0:
             return per_rank, None
+        self.energy = energy_record([g["energy_j"] for g in gathered],
+                                    sum(g["samples"] for g in gathered))
         loss = [sum(col) / real for col, real in
                 zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
         if loss:                                   # the last step, not one up to 2 s before it
@@ -374,6 +382,6 @@ class Trainer:
             data_wait_fraction=sum(m.data_times) / max(sum(m.step_times), 1e-12),
             loss=loss, lr=m.lr, eval=m.evals,
             utilisation=[g["utilisation"] for g in gathered] if self.sampler is not None else [],
-            versions=self.b.versions(), precision_seen=self.b.precision_seen(),
+            versions=self.b.versions(), precision_seen=self.b.precision_seen(), **self.energy,
             gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes))
         return per_rank, results

@@ -6,6 +6,11 @@ utilisation and memory (NVML, through nvidia-ml-py). The series goes into result
 ``prometheus_dir`` each rank also rewrites a node_exporter textfile (written by
 prometheus_client, atomically) so a site's Prometheus scrapes the job while it runs.
 The thread only reads counters: its cost is a few syscalls a second.
+
+With a GPU the sampler also reads the GPU's energy counter (NVML's total energy since the driver
+loaded, in millijoules; Volta and newer) when training starts and when it stops:
+:attr:`Sampler.energy_j` is the difference, or None where the GPU does not report it (never an
+error: the rank trains on).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ class Sampler:
         self.samples: list[dict] = []
         self.progress = None                 # the loop's Progress: its step is read, not set
         self.gpu = self._nvml(device)
+        self.energy_j: float | None = None   # the GPU's joules from start() to stop()
+        self._energy0: int | None = None
         self.prom_path = None
         if prometheus_dir:
             directory = Path(prometheus_dir)
@@ -57,14 +64,14 @@ class Sampler:
             import pynvml
 
             pynvml.nvmlInit()
-            index = int(device.split(":")[1]) if ":" in device else 0
-            return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+            return pynvml, nvml_handle(pynvml, device)
         except Exception as e:   # noqa: BLE001 - no NVML: CPU figures only, said once
             log.warning("train.monitor: no GPU figures (NVML: %s)", e)
             return None
 
     def start(self, progress=None) -> "Sampler":
         self.progress = progress
+        self._energy0 = self.energy_mj()
         self._t0 = time.monotonic()
         self._thread.start()
         return self
@@ -73,12 +80,28 @@ class Sampler:
         self._stop.set()
         self._thread.join(timeout=5)
         self.samples.append(self.sample())   # the end of the run is always in the series
+        end = self.energy_mj() if self._energy0 is not None else None
+        if end is not None and end >= self._energy0:
+            self.energy_j = (end - self._energy0) / 1000.0
         if self.gpu is not None:
             try:
                 self.gpu[0].nvmlShutdown()
             except Exception:  # noqa: BLE001
                 pass
         return self.samples
+
+    def energy_mj(self) -> int | None:
+        """The GPU's energy counter (millijoules since the driver loaded), or None: no GPU,
+        or one that does not report it (NVMLError_NotSupported before Volta; said once)."""
+        if self.gpu is None:
+            return None
+        nvml, handle = self.gpu
+        try:
+            return int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+        except Exception as e:  # noqa: BLE001 - energy is a figure, never a reason to fail
+            if self._energy0 is None:
+                log.info("train.monitor: no GPU energy figure (NVML: %s)", e)
+            return None
 
     def sample(self) -> dict:
         mem = self.proc.memory_info()
@@ -125,3 +148,19 @@ class Sampler:
             gauge("hpcsuite_gpu_memory_used_bytes", "the rank's GPU memory in use",
                   s["gpu_memory_bytes"])
         write_to_textfile(str(self.prom_path), registry)   # a temporary file, then a rename
+
+
+def nvml_handle(nvml, device: str):
+    """NVML's handle of torch's ``cuda:N``. CUDA counts only the devices CUDA_VISIBLE_DEVICES
+    names (placement leaves a rank one, so it is cuda:0), NVML every device the node shows: the
+    N-th visible entry is the GPU, by NVML index or by UUID (``GPU-...``, ``MIG-...``)."""
+    from .placement import visible_devices
+
+    index = int(device.split(":")[1]) if ":" in device else 0
+    visible = visible_devices()
+    if index < len(visible):
+        ident = visible[index]
+        if ident.isdigit():
+            return nvml.nvmlDeviceGetHandleByIndex(int(ident))
+        return nvml.nvmlDeviceGetHandleByUUID(ident)
+    return nvml.nvmlDeviceGetHandleByIndex(index)

@@ -144,7 +144,8 @@ def analyse(sd: StudyDir) -> dict:
             "series": axes_label({k: v for k, v in point.axes.items()
                               if k not in ("nodes", "tasks_per_node")}) or "all",
             "throughput": [], "step_s": [], "limit_throughput": [], "limit_step_s": [],
-            "jobs": [], "results": None, "job": None, "step_times": [], "limit_step_times": []})
+            "jobs": [], "results": None, "job": None, "step_times": [], "limit_step_times": [],
+            "energy_j": [], "samples_per_joule": []})
         results = _results(sd, point, state.get(point.id, {}))
         if results is None:
             continue
@@ -158,11 +159,15 @@ def analyse(sd: StudyDir) -> dict:
                                                       study.warmup_steps, study.steps)
         if point.kind == "train":
             row["jobs"].append(state[point.id]["job_id"])
+            for key in ("energy_j", "samples_per_joule"):    # GPUs with train.monitor
+                if isinstance(results.get(key), (int, float)):
+                    row[key].append(results[key])
             row["results"] = row["results"] or results
             row["job"] = row["job"] or _job(sd, point, state[point.id])
     rows = sorted(configs.values(), key=lambda r: (r["series"], r["ranks"], r["config"]))
     for row in rows:
-        for key in ("throughput", "limit_throughput", "step_s", "limit_step_s"):
+        for key in ("throughput", "limit_throughput", "step_s", "limit_step_s", "energy_j",
+                    "samples_per_joule"):
             row[key] = spread(row[key])
     for row in rows:
         base = min((r for r in rows if r["series"] == row["series"] and r["throughput"]["n"]),
@@ -238,7 +243,8 @@ COLUMNS = ["series", "config", "ranks", "measured_throughput_median", "measured_
            "measured_throughput_max", "repeats", "measured_speedup", "measured_efficiency",
            "measured_limit_throughput_median", "measured_of_limit", "measured_step_ms",
            "predicted_step_s", "predicted_error", "measured_limit_step_ms", "measured_overhead_ms",
-           "predicted_comm_ms", "flags", "best_knob", "predicted_best_knob_of_limit"]
+           "predicted_comm_ms", "flags", "best_knob", "predicted_best_knob_of_limit",
+           "measured_energy_j", "measured_samples_per_joule"]
 
 
 def flat(row: dict) -> dict:
@@ -262,7 +268,15 @@ def flat(row: dict) -> dict:
             "measured_overhead_ms": ms(m.get("measured_overhead_s")),
             "predicted_comm_ms": ms(m.get("predicted_comm_s")),
             "flags": "; ".join(row.get("flags") or []),
-            "best_knob": best.get("knob"), "predicted_best_knob_of_limit": best.get("of_limit")}
+            "best_knob": best.get("knob"), "predicted_best_knob_of_limit": best.get("of_limit"),
+            "measured_energy_j": _energy(row, "energy_j"),
+            "measured_samples_per_joule": _energy(row, "samples_per_joule")}
+
+
+def _energy(row: dict, key: str):
+    """The median over a configuration's repeats of a GPU energy figure (None: not measured;
+    a report.json written before energy was recorded has no such key)."""
+    return (row.get(key) or {}).get("median")
 
 
 def _num(v, fmt: str) -> str:
@@ -277,16 +291,19 @@ def _ms(seconds, fmt: str) -> str:
     return _num(None if seconds is None else seconds * 1000, fmt)
 
 
-def header(width: int = 24) -> str:
+def header(width: int = 24, energy: bool = False) -> str:
     """The table's column names; the series column is ``width`` wide (the longest series, at
-    least 24), so two series that differ only at the end of their names stay apart."""
+    least 24), so two series that differ only at the end of their names stay apart; with
+    ``energy`` (a point measured its GPUs' energy) the joules and samples per joule."""
     return (f"{'series':<{width}} {'ranks':>5} {'measured samples/s med [min-max]':>32} "
             f"{'speedup':>7} {'effic.':>6} {'limit/s':>9} {'of limit':>8} {'step ms':>8} "
-            f"{'step ms':>9} {'error':>7} {'comm ms':>9}  flag")
+            f"{'step ms':>9} {'error':>7} {'comm ms':>9}"
+            + (f" {'GPU J':>9} {'samples/J':>9}" if energy else "") + "  flag")
 
 
 def table(report: dict) -> str:
     w = max([24, *(len(r["series"]) for r in report["rows"])])
+    energy = any(_energy(r, "energy_j") is not None for r in report["rows"])
     lines = [f"study {report['study']} ({report['mode']} scaling; {report['repeats']} repeats, "
              f"{report['steps']} measured steps after {report['warmup_steps']} warm-up)",
              *report.get("warnings", []),
@@ -295,9 +312,10 @@ def table(report: dict) -> str:
              "the limit on the same ranks, else the series' 1-rank point; the fitted "
              "allreduce, Horovod's cycle, fusion), error against the measured step; comm ms: "
              "predicted by the allreduce model",
-             header(w),
+             header(w, energy),
              f"{'':<{w}} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
-             f"{'measured':>8} {'measured':>8} {'predicted':>9} {'':>7} {'predicted':>9}"]
+             f"{'measured':>8} {'measured':>8} {'predicted':>9} {'':>7} {'predicted':>9}"
+             + (f" {'measured':>9} {'measured':>9}" if energy else "")]
     for row in report["rows"]:
         t, m = row["throughput"], row.get("model") or {}
         rng = (f"{_num(t['median'], '.1f')} [{_num(t['min'], '.1f')}-{_num(t['max'], '.1f')}]"
@@ -307,8 +325,10 @@ def table(report: dict) -> str:
             f"{_num(row['efficiency'], '.2f'):>6} {_num(row['limit_throughput']['median'], '.1f'):>9} "
             f"{_num(row['of_limit'], '.2f'):>8} {_ms(row['step_s']['median'], '.2f'):>8} "
             f"{_ms(row.get('predicted_step_s'), '.2f'):>9} {_pct(row.get('predicted_error')):>7} "
-            f"{_ms(m.get('predicted_comm_s'), '.3f'):>9}  {'FLAGGED' if row.get('flags') else ''}"
-            .rstrip())
+            f"{_ms(m.get('predicted_comm_s'), '.3f'):>9}"
+            + (f" {_num(_energy(row, 'energy_j'), '.1f'):>9} "
+               f"{_num(_energy(row, 'samples_per_joule'), '.2f'):>9}" if energy else "")
+            + f"  {'FLAGGED' if row.get('flags') else ''}".rstrip())
     lines += summary(report["rows"])
     for key, fit in report["allreduce"].items():
         lines.append(f"allreduce model on {key} (nodes x tasks): alpha {fit['alpha_s'] * 1e6:.1f} us, "
