@@ -114,6 +114,12 @@ class TorchBackend(HorovodBackend):
         self.scaler = torch.amp.GradScaler("cuda") if scaler else None
         self.user_loss_fn = self.user_loss()
         self._read_next = None               # set while _read_in_process feeds the loop
+        self._input = None                   # on a GPU: the prefetch thread or resident data
+        if self.device.startswith("cuda"):
+            from .prefetch import Input
+
+            self._input = Input(torch, self.device, self.t.data.prefetch, self.t.data.on_device,
+                                self.rank)
         self._buffers = Buffers()            # blocks are read into these, used again
         self._ones: dict = {}                # weights of full micro-batches, by size
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
@@ -161,9 +167,19 @@ class TorchBackend(HorovodBackend):
 
     # ---------------------------------------------------------------- data
     def feed(self, data, batches):
-        """(batch, (x, y, w)) for each micro-batch."""
+        """(batch, (x, y, w)) for each micro-batch. On a GPU (:mod:`.prefetch`): gathered on the
+        GPU from resident data, or with workers 0 gathered ahead by a thread and copied ahead
+        on a side stream."""
         torch = self.torch
         d = self.t.data
+        if self._input is not None:
+            resident = self._input.resident(data)
+            if resident is not None:
+                yield from resident.feed(batches)
+                return
+            if d.workers == 0:
+                yield from self._input.prefetcher.feed(data, batches)
+                return
         dataset = _Batches(getattr(data, "recipe", None), batches)
         if d.workers == 0:
             dataset.bind(data)

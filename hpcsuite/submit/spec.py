@@ -100,7 +100,12 @@ class Data(Record):
         "background loader workers per rank (torch DataLoader workers, tf.data parallel calls); "
         "0 loads in the training process, best for in-memory data; raise it for data on disk",
         min=0, max=64))
-    prefetch: int = field(default=2, metadata=_m("batches prepared ahead per rank", min=1, max=64))
+    prefetch: int = field(default=2, metadata=_m(
+        "batches prepared ahead per rank (per loader worker; on a GPU with workers 0, the "
+        "micro-batches a thread gathers ahead into pinned memory)", min=1, max=64))
+    on_device: Union[bool, Literal["auto"]] = field(default="auto", metadata=_m(
+        "torch on a GPU: copy the data to the GPU once and gather each batch there; auto does "
+        "when it takes at most a quarter of the GPU's free memory", union_help="auto, true or false"))
 
 
 @record
