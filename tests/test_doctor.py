@@ -48,6 +48,29 @@ def test_gpu_partitions_need_a_horovod_built_with_nccl():
     assert doctor.check_horovod((127, "horovodrun: command not found"), SiteProfile()).status == doctor.FAIL
 
 
+def test_doctor_says_whether_horovod_has_nccl_and_cuda():
+    """From horovod.torch's nccl_built() (NCCL_VERSION_CODE: 22803 is 2.28.3, 2804 is 2.8.4
+    before NCCL 2.9) and cuda_built(), asked in a subprocess on the real machine."""
+    with_nccl = CHECK_BUILD.replace("[ ] NCCL", "[X] NCCL")
+    check = doctor.check_horovod((0, with_nccl), SiteProfile(),
+                                 {"nccl": 22803, "cuda": True, "rocm": False})
+    assert check.status == doctor.PASS and check.detail.endswith("; GPU build: CUDA, NCCL 2.28.3")
+    cpu = doctor.check_horovod((0, CHECK_BUILD), SiteProfile(), {"nccl": 0, "cuda": False, "rocm": False})
+    assert cpu.detail.endswith("; GPU build: no CUDA, no NCCL")
+    assert doctor.describe_gpu_build({"nccl": 2804, "cuda": True}) == "GPU build: CUDA, NCCL 2.8.4"
+    assert doctor.describe_gpu_build({"error": "ModuleNotFoundError: No module named 'torch'"}) \
+        == "GPU build not known (horovod.torch: ModuleNotFoundError: No module named 'torch')"
+    assert "GPU build" not in doctor.check_horovod((0, CHECK_BUILD), SiteProfile()).detail
+
+
+def test_the_gpu_build_probe_of_a_python_without_horovod(tmp_path):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'horovod'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    assert doctor.horovod_gpu_build(str(python)) == {
+        "error": "ModuleNotFoundError: No module named 'horovod'"}
+
+
 def test_network_names_must_exist(tmp_path):
     net = tmp_path / "net"
     for name in ("lo", "eth0", "ib0"):

@@ -21,6 +21,7 @@ def test_doctor_passes_on_the_local_cluster(local_cluster, tmp_path):
     assert "debug (up)" in checks["slurm"]["detail"]
     assert "Open MPI" in checks["mpi"]["detail"]
     assert "PyTorch" in checks["horovod"]["detail"] and "MPI" in checks["horovod"]["detail"]
+    assert "GPU build: no CUDA, no NCCL" in checks["horovod"]["detail"]     # a CPU build here
     # The probe ran on a compute node of the cluster, with the frameworks the ranks import.
     compute = checks["compute"]["detail"]
     assert "torch 2." in compute and "tensorflow 2." in compute and "horovod 0.28.1" in compute

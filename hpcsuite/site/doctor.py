@@ -159,7 +159,36 @@ def horovod_build(python: str) -> tuple[int, str]:
     return _run(argv, timeout=180, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
-def check_horovod(build: tuple[int, str], profile: SiteProfile) -> Check:
+# Horovod's torch extension says what it was built with; no hvd.init() needed. nccl_built() is
+# NCCL_VERSION_CODE (2.28.3: 22803) or 0; check-build's NCCL mark cannot say which CUDA/NCCL.
+GPU_PROBE = ("import json, horovod.torch as hvd; print('HPCSUITE_GPU_BUILD=' + json.dumps({"
+             "'nccl': int(hvd.nccl_built()), 'cuda': bool(hvd.cuda_built()), "
+             "'rocm': bool(hvd.rocm_built())}))")
+
+
+def horovod_gpu_build(python: str) -> dict:
+    """{nccl: version code or 0, cuda, rocm} of the installed Horovod, asked in a subprocess
+    (it imports torch), or {error: why not}."""
+    code, out = _run([python, "-c", GPU_PROBE], timeout=180, env=dict(os.environ))
+    line = next((l for l in out.splitlines() if l.startswith("HPCSUITE_GPU_BUILD=")), None)
+    if code != 0 or line is None:
+        return {"error": (out.splitlines() or [f"exit {code}"])[-1][:200]}
+    return json.loads(line.split("=", 1)[1])
+
+
+def describe_gpu_build(gpu: dict) -> str:
+    """'GPU build: CUDA, NCCL 2.28.3' from :func:`horovod_gpu_build`'s answer."""
+    if "error" in gpu:
+        return f"GPU build not known (horovod.torch: {gpu['error']})"
+    code = int(gpu.get("nccl") or 0)
+    nccl = f"NCCL {code // 10000}.{code // 100 % 100}.{code % 100}" if code >= 20900 else \
+        f"NCCL {code // 1000}.{code // 100 % 10}.{code % 100}" if code else "no NCCL"
+    device = "CUDA" if gpu.get("cuda") else "ROCm" if gpu.get("rocm") else "no CUDA"
+    return f"GPU build: {device}, {nccl}"
+
+
+def check_horovod(build: tuple[int, str], profile: SiteProfile, gpu: dict | None = None) -> Check:
+    """``gpu``: :func:`horovod_gpu_build`'s answer, named in the detail (None: not asked)."""
     code, out = build
     if code != 0:
         return Check("horovod", FAIL, out.splitlines()[-1] if out else f"exit {code}",
@@ -168,6 +197,8 @@ def check_horovod(build: tuple[int, str], profile: SiteProfile) -> Check:
     detail = (f"frameworks {', '.join(sorted(b['frameworks'])) or 'none'}; controllers "
               f"{', '.join(sorted(b['controllers'])) or 'none'}; operations "
               f"{', '.join(sorted(b['operations'])) or 'none'}")
+    if gpu is not None:
+        detail += f"; {describe_gpu_build(gpu)}"
     missing = {"PyTorch", "TensorFlow"} - b["frameworks"]
     if "MPI" not in b["controllers"]:
         return Check("horovod", FAIL, detail, "rebuild Horovod with HOROVOD_WITH_MPI=1 "
@@ -359,7 +390,8 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     python = profile.interpreter()
     env = {**os.environ, **(env or {})}
     checks = [check_slurm(profile), check_accounting(), check_pmi(profile, launcher), check_mpi(),
-              check_horovod(horovod_build(python), profile), check_infiniband(profile),
+              check_horovod(horovod_build(python), profile, horovod_gpu_build(python)),
+              check_infiniband(profile),
               check_network(env, profile), check_gpus(profile)]
     container = check_container(profile)
     if container is not None:
