@@ -1,0 +1,91 @@
+"""End to end on the local Slurm cluster: what each rank shows and which device it gets (issue
+T, points 5 and 7). Rank 0's log line ("step N, epoch E, loss X"), in its rank log and through
+`hpcsuite logs`, is the step's global mean, the number results.json records; a GPU job with more
+ranks per node than GPUs is refused at submit unless the spec says the sharing is meant, and then
+both ranks run on the one GPU."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_PORT, run_cli, submit_spec
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+LINE = re.compile(r"rank 0 hpcsuite\.runtime\.loop: step (\d+), epoch \d+, loss ([0-9.]+)")
+
+LOSS_SPEC = """name: loss-mean
+resources: {nodes: 2, tasks_per_node: 1}
+train:
+  data: {samples: 512, shape: [8], classes: 4}
+  batch_size: 16
+  max_steps: 20
+"""
+
+
+def test_rank_0s_log_line_is_the_global_mean_loss(local_cluster, tmp_path):
+    _, env = local_cluster
+    out = submit_spec(env, tmp_path, LOSS_SPEC)
+    run_dir = tmp_path / out["run_dir"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2
+    logs = run_cli("logs", str(run_dir), "--rank", "0", cwd=tmp_path, env=env)
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    for text in ((run_dir / "logs" / "rank-0.log").read_text(), logs.stdout):
+        lines = LINE.findall(text)
+        assert lines, text
+        for step, loss in lines:
+            assert loss == f"{results['loss'][int(step) - 1]:.4f}", (step, loss, results["loss"])
+
+
+# What a rank sees: no framework, so the ranks start in a second.
+SEEN = """import json, os
+from pathlib import Path
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["SLURM_PROCID"]
+Path(os.environ["HPCSUITE_RUN_DIR"], f"seen-{rank}.json").write_text(
+    json.dumps({"visible": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+"""
+
+SHARE_SPEC = """name: share-{launcher}
+launcher: {launcher}
+resources: {{nodes: 1, tasks_per_node: 2, gpus_per_node: 1, partition: debug{more}}}
+train: {{script: seen.py}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(tmp_path_factory):
+    from hpcsuite.site.cluster import LocalCluster
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a node with 2 GPUs needs 2 cores here (one rank per GPU)")
+    root = tmp_path_factory.mktemp("gpu-share-cluster")
+    cluster = LocalCluster(root, port=TEST_PORT + 44, accounting=False, gpus=2)
+    try:
+        cluster.up(timeout=90)
+        yield dict(os.environ, SLURM_CONF=str(cluster.conf), HPCSUITE_PROFILE=str(cluster.profile))
+    finally:
+        cluster.down()
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_two_ranks_on_one_gpu_are_refused_unless_sharing_is_meant(gpu_cluster, tmp_path, launcher):
+    env = gpu_cluster
+    (tmp_path / "seen.py").write_text(SEEN)
+    (tmp_path / "job.yaml").write_text(SHARE_SPEC.format(launcher=launcher, more=""))
+    refused = run_cli("submit", "job.yaml", cwd=tmp_path, env=env)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    error = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "resources.tasks_per_node" in error[0] and \
+        "resources.gpus_per_node" in error[0] and "gpu_sharing" in error[0], refused.stderr
+    assert "Traceback" not in refused.stderr
+    out = submit_spec(env, tmp_path, SHARE_SPEC.format(launcher=launcher,
+                                                       more=", gpu_sharing: true"))
+    run_dir = Path(tmp_path / out["run_dir"])
+    seen = {p.name: json.loads(p.read_text())["visible"] for p in run_dir.glob("seen-*.json")}
+    assert seen == {"seen-0.json": "0", "seen-1.json": "0"}, seen
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("rank-*.log"))
+    assert logs.count("shared with other ranks of the node: resources.gpu_sharing") == 2, logs
