@@ -255,17 +255,19 @@ class Resident:
             for b in batches:
                 yield from Resident.feed(self, [b])
             return
-        ids = self._to_device(np.stack([b.ids for b in batches]))
-        padded = [b.real < size for b in batches]
-        weights = self._to_device(np.stack([b.weights for b in batches])) if any(padded) else None
+        rows = self._to_device(np.stack([b.ids for b in batches])).unbind(0)
         full = self._ones.get(size)
         if full is None:
             full = self._ones[size] = torch.ones(size, device=self.device)
+        weights = [full] * len(batches)
+        padded = [i for i, b in enumerate(batches) if b.real < size]
+        if padded:
+            on_device = self._to_device(np.stack([batches[i].weights for i in padded])).unbind(0)
+            for i, w in zip(padded, on_device):
+                weights[i] = w
         x_all, y_all = self.x, self.y
-        for i, batch in enumerate(batches):
-            rows = ids[i]
-            yield batch, (x_all.index_select(0, rows), y_all.index_select(0, rows),
-                          weights[i] if padded[i] else full)
+        for batch, r, w in zip(batches, rows, weights):
+            yield batch, (x_all.index_select(0, r), y_all.index_select(0, r), w)
 
 
 class Input:
