@@ -30,6 +30,10 @@ def test_monitored_job_records_utilisation_and_prometheus(local_cluster, tmp_pat
         assert rank_series[-1]["step"] == 1200
         assert max(s["cpu_percent"] for s in rank_series) > 10
         assert all(s["rss_bytes"] > 50 * 2**20 for s in rank_series)
+    # CPU ranks: no GPU energy, and no GPU line in status (report's lines are only its PNGs)
+    assert results["energy_j_per_rank"] == [] and results["energy_j"] is None
+    status = run_cli("status", "mon", cwd=tmp_path, env=env, check=True).stdout
+    assert "results: completed" in status and "GPU" not in status
     for rank in (0, 1):
         text = (tmp_path / "prom" / f"hpcsuite-{payload['job_id']}-rank-{rank}.prom").read_text()
         families = {f.name: f for f in text_string_to_metric_families(text)}

@@ -114,6 +114,9 @@ def test_a_rank_trains_on_the_gpu_with_amp_monitored_then_resumes(tmp_path):
     assert r.versions.get("cuda"), r.versions
     gpu = [s for s in r.utilisation[0] if "gpu_percent" in s]
     assert gpu and all(s["gpu_memory_bytes"] > 0 for s in gpu), r.utilisation
+    # NVML's energy counter (Volta and newer): the GPU's joules over training (issue V, point 6)
+    assert r.energy_j and r.energy_j > 0 and len(r.energy_j_per_rank) == 1, r.energy_j_per_rank
+    assert r.samples_per_joule == pytest.approx(r.samples / r.energy_j)
     assert [c["step"] for c in r.checkpoints] == [10, 20, 30]
     assert all(math.isfinite(x) for x in r.loss), r.loss
     assert sum(r.loss[-5:]) < sum(r.loss[:5]), r.loss                  # falling
