@@ -108,6 +108,7 @@ SPEC_FIELDS = {
     "train.preemption.signal": (st.sampled_from(["USR1", "TERM"]), st.just("KILL")),
     "train.preemption.lead_seconds": (st.integers(0, 30), st.integers(3600, 99999)),
     "train.horovod.cycle_time_ms": (st.floats(0, 100), st.floats(-1, -0.1)),
+    "train.startup_timeout_seconds": (st.integers(0, 3600), st.integers(-5, -1)),
     "train.seed": (st.integers(0, 2**32 - 1), st.integers(2**32, 2**40)),
     "train.model": (st.sampled_from(["mlp", "resnet"]),
                     st.sampled_from(["net.py:build", "../x.py:f", "a b.py:f", "pkg.mod:", "x.py:1f"])),

@@ -192,3 +192,64 @@ def test_a_bad_reference_is_refused_before_slurm(local_cluster, tmp_path):
         f"error: {spec}: train.model: net.py:build: no file net.py (looked in {tmp_path})")
     after = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
     assert before == after and not (tmp_path / "runs").exists()
+
+
+# The user's code blocks before the first step: a model that never finishes building (a lock,
+# a download), and a script whose rank 1 never reaches Horovod's init, so rank 0 waits inside it.
+BUILD_HANGS = """import time
+
+
+def build(shape, classes):
+    time.sleep(3600)
+"""
+INIT_HANGS = """import os
+import time
+
+if int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID") or 0) == 1:
+    time.sleep(3600)
+import horovod.torch as hvd
+hvd.init()
+"""
+
+
+def _stalled(env, work, name, launcher, train):
+    """Submit a 2-rank job whose ranks never train a step, with a 20 s startup bound and a
+    10 min time limit; the seconds until --wait returned, its stderr, and `status`'s text."""
+    spec = work / f"{name}.yaml"
+    spec.write_text(f"name: {name}\nlauncher: {launcher}\n"
+                    "resources: {nodes: 2, tasks_per_node: 1, time: '00:10:00'}\n"
+                    f"train: {{startup_timeout_seconds: 20, {train}}}\n")
+    t0 = time.monotonic()
+    proc = run_cli("submit", str(spec), "--wait", cwd=work, env=env, timeout=600)
+    took = time.monotonic() - t0
+    log = next((work / "runs" / name).glob("slurm-*.out"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr + log.read_text()[-3000:]
+    job_id = log.name[len("slurm-"):-len(".out")]
+    status = run_cli("status", job_id, cwd=work, env=env, check=True).stdout
+    return took, proc.stderr, status
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_ranks_that_never_train_a_step_end_the_job_naming_where(local_cluster, tmp_path, launcher):
+    cluster, env = local_cluster
+    (tmp_path / "net.py").write_text(BUILD_HANGS)
+    took, said, status = _stalled(env, tmp_path, f"hangs-{launcher}", launcher,
+                                  "model: net.py:build, data: {shape: [16], classes: 4}")
+    assert took < 150, took               # 20 s after the ranks started, not the 10 min limit
+    expected = ("ranks stopped before the first step: no step within 20 s after they started "
+                "(train.startup_timeout_seconds); in net.py:5 in build (ranks 0-1)")
+    assert expected in said, said
+    assert expected in status and "FAILED" in status, status
+    assert "time limit" not in status and "work is lost" not in status, status
+
+
+def test_a_rank_that_never_reaches_horovods_init_leaves_the_other_inside_it(local_cluster, tmp_path):
+    cluster, env = local_cluster
+    (tmp_path / "hang.py").write_text(INIT_HANGS)
+    took, said, status = _stalled(env, tmp_path, "init-hangs", "mpirun", "script: hang.py")
+    assert took < 150, took
+    expected = ("ranks stopped before Horovod's init (rank 1), inside Horovod's init (rank 0): "
+                "no step within 20 s after they started (train.startup_timeout_seconds); in "
+                "hang.py:7 in <module> (rank 0), hang.py:5 in <module> (rank 1)")
+    assert expected in said, said
+    assert expected in status and "work is lost" not in status, status

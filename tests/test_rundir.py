@@ -31,6 +31,7 @@ def test_paths_of_one_run(tmp_path):
     assert run.ready_mark(2, 3) == p / "ready" / "attempt-2" / "rank-3"
     assert run.stop_requested(1) == p / "STOP-REQUESTED-attempt-1"
     assert run.failed("0") == p / "FAILED-attempt-0"
+    assert run.startup_word(1, 3) == p / "startup" / "attempt-1" / "rank-3.json"
     assert run.attempt_results(4) == p / "results-attempt-4.json"
     assert run.rank_record(5) == p / "rank-5.json"
     assert run.rank_log(5) == p / "logs" / "rank-5.log" and run.rank_log(5).parent == run.logs

@@ -16,6 +16,8 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             ready/attempt-N/rank-R       rank R of attempt N has its signal handler in place
             STOP-REQUESTED-attempt-N     the batch shell caught a stop signal in attempt N
             FAILED-attempt-N             the first failure of attempt N was reported
+            startup/attempt-N/rank-R.json  where rank R was when attempt N's startup watch ran
+                                         out (no step within train.startup_timeout_seconds)
             PREEMPTED                    "STEP REASON": the run stopped with a checkpoint
             progress.json                the latest step, loss, throughput (every ~2 s)
             results.json                 the latest attempt, with every attempt's summary
@@ -64,6 +66,7 @@ PREEMPTED = "PREEMPTED"
 READY = "ready"
 STOP_REQUESTED = "STOP-REQUESTED"
 FAILED = "FAILED"
+STARTUP = "startup"
 LOGS = "logs"
 LEDGER = "ledger"
 TENSORBOARD = "tensorboard"
@@ -114,6 +117,14 @@ def stop_requested_name(attempt: int | str) -> str:
 
 def failed_name(attempt: int | str) -> str:
     return f"{FAILED}-attempt-{attempt}"
+
+
+def startup_name(attempt: int | str) -> str:
+    return f"{STARTUP}/attempt-{attempt}"
+
+
+def startup_word_name(rank: int | str) -> str:
+    return f"rank-{rank}.json"
 
 
 def attempt_results_name(attempt: int | str) -> str:
@@ -251,6 +262,15 @@ class RunDir:
 
     def failed(self, attempt: int | str) -> Path:
         return self.path / failed_name(attempt)
+
+    def startup(self, attempt: int | str) -> Path:
+        return self.path / startup_name(attempt)
+
+    def startup_word(self, attempt: int | str, rank: int) -> Path:
+        return self.startup(attempt) / startup_word_name(rank)
+
+    def startup_words(self, attempt: int | str) -> list[Path]:
+        return sorted(self.startup(attempt).glob(startup_word_name("*")))
 
     def failed_markers(self) -> list[Path]:
         return sorted(self.path.glob(failed_name("*")))

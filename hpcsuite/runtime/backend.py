@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..submit.spec import JobSpec, precision_problem
+from . import startup
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,9 @@ class HorovodBackend:
         problem = precision_problem(self.name, self.t.precision)
         if problem:
             raise UserError(f"train.precision: {problem}")
+        startup.mark(startup.IN_INIT)       # the startup watch names a hang in here
         hvd.init()
+        startup.mark(startup.BEFORE_STEP)
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
 
     # ---------------------------------------------------------------- the model

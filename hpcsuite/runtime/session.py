@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..runs.results import Results, step_stats, write_progress
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec
-from . import vote
+from . import startup, vote
 from .checkpoint import CheckpointStore, Loaded
 from .job_io import attempt, hostname, job_id
 from .policy import PROGRESS_SECONDS, VOTE_SECONDS, Policy, steady_throughput
@@ -108,6 +108,14 @@ class Session:
             from .timelimit import TimeLimit
 
             self.time_limit = TimeLimit.from_slurm()
+        startup.follow(self.has_stepped)     # Horovod is up: the watch waits for a step
+
+    def has_stepped(self) -> bool:
+        """Whether this rank has trained a step in this attempt (the startup watch asks, from
+        its thread): the managed loop times each step it ends; a script logs a step
+        (run.log), votes after one (run.should_stop) or asks for a second step's batches."""
+        p = self.progress
+        return bool(self.metrics.step_times) or self.vote_tick > 0 or p.step > p.start_step + 1
 
     # ---------------------------------------------------------------- resume
     def restore(self, accept: Callable[[Loaded], None]) -> Loaded | None:
@@ -115,6 +123,19 @@ class Session:
         (and may load it; a UserError refuses it); every rank learns its step, cursor and path
         and continues from there. Returns what rank 0 read; None on the other ranks, or when
         there is nothing to resume."""
+        with startup.paused():      # a large checkpoint may take long: not a hang
+            info, loaded = self._pick(accept)
+        if info is not None and "error" in info:
+            raise UserError(info["error"])
+        if info is None:
+            return None
+        step = int(info["step"])
+        self.progress = Progress(step, Cursor.from_json(info["cursor"]), step, info["path"])
+        self.policy = Policy(self.job, step, time.monotonic())
+        return loaded
+
+    def _pick(self, accept: Callable[[Loaded], None]) -> tuple[dict | None, Loaded | None]:
+        """Rank 0's pick, on every rank: its step, cursor and path, or its error."""
         info, loaded = None, None
         if self.rank == 0 and self.t.checkpoint.resume:
             try:
@@ -126,15 +147,7 @@ class Session:
                     log.info("resuming from %s (step %d)", loaded.path, m["step"])
             except UserError as e:     # every rank stops on it, none waits for rank 0
                 info = {"error": str(e)}
-        info = self.ranks.broadcast_object(info)
-        if info is not None and "error" in info:
-            raise UserError(info["error"])
-        if info is None:
-            return None
-        step = int(info["step"])
-        self.progress = Progress(step, Cursor.from_json(info["cursor"]), step, info["path"])
-        self.policy = Policy(self.job, step, time.monotonic())
-        return loaded
+        return self.ranks.broadcast_object(info), loaded
 
     # ---------------------------------------------------------------- the vote
     def vote_due(self, tick: int) -> bool:

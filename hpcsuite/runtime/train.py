@@ -18,7 +18,8 @@ from pathlib import Path
 from ..errors import UserError, count
 from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
-from .job_io import hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
+from . import startup
+from .job_io import attempt, hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
 from .placement import place
 from .ranks import from_env
 from .shm import private_shm
@@ -52,6 +53,7 @@ def main(job_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
+    watch_startup(job, run_dir, rank)   # the clock of train.startup_timeout_seconds starts
     try:
         placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
     except UserError as e:                             # ranks sharing a GPU, not meant
@@ -76,7 +78,18 @@ def main(job_path: str) -> None:
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
         fail(run_dir, rank, user_traceback(e), code=1,
              key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e))
+    startup.end()
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
+
+
+def watch_startup(job: JobSpec, run_dir: Path, rank: int) -> None:
+    """End the job, naming where the ranks stopped, when this rank trains no step within
+    train.startup_timeout_seconds (:mod:`.startup`); 0: no watch."""
+    seconds = job.train.startup_timeout_seconds
+    if seconds:
+        startup.begin(startup.Watch(seconds, run_dir, rank, from_env().size, attempt(),
+                                    lambda text: fail(run_dir, rank, text, code=1),
+                                    script=bool(job.train.script)))
 
 
 _RANK_LOG: list = [None]   # this rank's log file handler, once open

@@ -296,6 +296,15 @@ class Train(Record):
         "record every sample id each rank trains on (ledger/ in the run directory)"))
     monitor: Monitor = field(default_factory=Monitor)
     seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
+    startup_timeout_seconds: int = field(default=600, metadata=_m(
+        "end the job when a rank has trained no step this many seconds after it started, "
+        "naming where the ranks stopped (before Horovod's init, inside it, before the first "
+        "step) instead of leaving it to its time limit; 0: never. The clock starts when "
+        "`hpcsuite train` starts on the rank (the queue and the batch script's set-up do not "
+        "count) and does not run while a checkpoint is restored; the framework's imports, "
+        "Horovod's init, opening the data, building the model and the first step (with any "
+        "compilation) count: raise it for a model that compiles for longer. Default 600",
+        min=0, max=7 * 24 * 3600))
 
     def epoch_limit(self, steps_per_epoch: int) -> float:
         """Epochs to train: train.epochs; unset, 1, or with only train.max_steps set the

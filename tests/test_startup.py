@@ -1,0 +1,195 @@
+"""The startup watch (hpcsuite.runtime.startup): where a rank is when no step came within
+train.startup_timeout_seconds, the message that names every rank's stage, the clock (paused
+while a checkpoint is restored, stopped by the first step), and the spec key. The end-to-end
+test on the local Slurm cluster is in test_e2e_user.py."""
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from hpcsuite.errors import ConfigError
+from hpcsuite.runs.rundir import RunDir
+from hpcsuite.runtime import startup
+from hpcsuite.runtime.session import Session
+from hpcsuite.runtime.startup import BEFORE_INIT, BEFORE_STEP, IN_INIT, Watch, describe, rank_list
+from hpcsuite.submit.spec import spec_from_dict
+
+from test_session import on_ranks
+
+
+def word(rank, stage, at=None):
+    return {"rank": rank, "stage": stage, "at": at, "host": "n1"}
+
+
+# ---------------------------------------------------------------------- the message
+def test_ranks_in_one_stage_are_named_once():
+    words = {r: word(r, IN_INIT) for r in range(4)}
+    assert describe(words, 4, 600) == ("ranks stopped inside Horovod's init: no step within "
+                                       "600 s after they started (train.startup_timeout_seconds)")
+
+
+def test_ranks_in_different_stages_are_named_by_stage_in_order():
+    words = {0: word(0, BEFORE_STEP), 1: word(1, BEFORE_INIT, "net.py:7 in build"),
+             2: word(2, BEFORE_STEP), 3: word(3, IN_INIT)}
+    assert describe(words, 4, 20) == (
+        "ranks stopped before Horovod's init (rank 1), inside Horovod's init (rank 3), before "
+        "the first step (ranks 0, 2): no step within 20 s after they started "
+        "(train.startup_timeout_seconds); in net.py:7 in build (rank 1)")
+
+
+def test_a_rank_that_never_answered_is_named():
+    words = {0: word(0, IN_INIT), 1: word(1, IN_INIT)}
+    text = describe(words, 4, 30)
+    assert text.startswith("ranks stopped inside Horovod's init (ranks 0-1), not heard from "
+                           "(ranks 2-3: never started, or stuck where they could not answer)")
+
+
+def test_one_rank_and_the_users_frame():
+    text = describe({0: word(0, BEFORE_STEP, "model.py:3 in build")}, 1, 45.5)
+    assert text == ("the rank stopped before the first step: no step within 45.5 s after it "
+                    "started (train.startup_timeout_seconds); in model.py:3 in build")
+
+
+@pytest.mark.parametrize("ranks, text", [([3], "rank 3"), ([0, 1, 2, 3], "ranks 0-3"),
+                                         ([5, 0, 2, 6, 7], "ranks 0, 2, 5-7"), ([1, 2], "ranks 1-2")])
+def test_rank_lists(ranks, text):
+    assert rank_list(ranks) == text
+
+
+# ---------------------------------------------------------------------- the watch
+class Stalls:
+    """What a watch reports, in place of ending the process."""
+
+    def __init__(self):
+        self.texts, self.event = [], threading.Event()
+
+    def __call__(self, text):
+        self.texts.append(text)
+        self.event.set()
+
+
+def make(tmp_path, seconds, rank=0, size=1, script=False, grace=0.1):
+    stalls = Stalls()
+    return Watch(seconds, tmp_path, rank, size, 0, stalls, script=script, grace=grace), stalls
+
+
+def test_a_rank_that_trains_no_step_is_reported_with_its_stage_and_frame(tmp_path):
+    watch, stalls = make(tmp_path, 0.3)
+    watch.mark(BEFORE_STEP)
+    watch.start()
+    assert not stalls.event.wait(0.15)            # not before its time
+    stalls.event.wait(5)                          # this thread sleeps here: the user's frame
+    assert stalls.texts and stalls.texts[0].startswith(
+        "the rank stopped before the first step: no step within 0.3 s after it started")
+    assert "test_startup.py:" in stalls.texts[0] and "in test_a_rank_that_trains_no_step" in \
+        stalls.texts[0]
+    recorded = json.loads(RunDir(tmp_path).startup_word(0, 0).read_text())
+    assert recorded["stage"] == BEFORE_STEP and recorded["rank"] == 0
+
+
+def test_a_rank_that_steps_ends_its_watch(tmp_path):
+    watch, stalls = make(tmp_path, 0.3)
+    stepped = []
+    watch.follow(lambda: bool(stepped))
+    watch.start()
+    stepped.append(1)
+    time.sleep(1.5)
+    assert not stalls.texts and not RunDir(tmp_path).startup(0).exists()
+
+
+def test_restoring_a_checkpoint_does_not_count(tmp_path):
+    now = [100.0]
+    watch = Watch(10, tmp_path, 0, 1, 0, Stalls(), clock=lambda: now[0])
+    now[0] += 4
+    with watch.paused():
+        now[0] += 50                              # a large checkpoint, read for 50 s
+        assert watch.elapsed() == 4
+    now[0] += 3
+    assert watch.elapsed() == 7
+
+
+def test_a_hang_inside_horovods_init_is_named(tmp_path):
+    """The main thread waits inside a function named init in a horovod/ directory, as it does
+    in Horovod's basics.py while MPI starts (script mode: the script calls hvd.init itself)."""
+    basics = tmp_path / "horovod" / "common" / "basics.py"
+    basics.parent.mkdir(parents=True)
+    basics.write_text("import time\n\ndef init(seconds):\n    time.sleep(seconds)\n")
+    spec = importlib.util.spec_from_file_location("fake_basics", basics)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    watch, stalls = make(tmp_path / "run", 0.3, script=True)
+    watch.start()
+    module.init(1.5)
+    assert stalls.event.wait(5)
+    assert stalls.texts[0].startswith("the rank stopped inside Horovod's init: no step within")
+
+
+def test_a_script_that_trains_without_the_api_is_left_alone(tmp_path, monkeypatch):
+    """Horovod is initialised and no hpcsuite session exists: the script's steps cannot be
+    seen, so the watch ends instead of failing a healthy job."""
+    fake = types.SimpleNamespace(is_initialized=lambda: True)
+    monkeypatch.setitem(sys.modules, "horovod.torch", fake)
+    watch, stalls = make(tmp_path, 0.2, script=True)
+    watch.start()
+    time.sleep(1.5)
+    assert not stalls.texts
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: False))
+    watch, stalls = make(tmp_path, 0.2, script=True)
+    watch.start()
+    assert stalls.event.wait(5) and "before Horovod's init" in stalls.texts[0]
+
+
+def test_the_first_rank_to_report_names_the_others(tmp_path):
+    """Each rank writes its word, waits the grace for the others, and reports all of them."""
+    other = RunDir(tmp_path).startup_word(0, 1)
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps(word(1, IN_INIT)))
+    watch, stalls = make(tmp_path, 0.2, rank=0, size=3, grace=0.3)
+    watch.mark(BEFORE_STEP)
+    watch.start()
+    assert stalls.event.wait(5)
+    assert stalls.texts[0].startswith(
+        "ranks stopped inside Horovod's init (rank 1), before the first step (rank 0), not "
+        "heard from (rank 2: ")
+
+
+def test_the_module_functions_do_nothing_without_a_watch():
+    assert startup.WATCH is None
+    startup.mark(IN_INIT)
+    startup.follow(lambda: True)
+    startup.end()
+    with startup.paused():
+        pass
+
+
+# ---------------------------------------------------------------------- the session's steps
+def test_a_session_tells_the_watch_when_it_has_stepped(tmp_path, monkeypatch):
+    job = spec_from_dict({"name": "s"}, "t")
+    followed = []
+    watch = types.SimpleNamespace(follow=followed.append)
+    monkeypatch.setattr(startup, "WATCH", watch)
+
+    def body(rank, ranks):
+        s = Session(job, tmp_path, ranks)
+        before = s.has_stepped()
+        s.progress.step += 1                      # a script was handed its first step's batches
+        handed = s.has_stepped()
+        s.metrics.step_times.append(0.1)          # a step ended (the managed loop, run.log)
+        return before, handed, s.has_stepped()
+
+    assert on_ranks(2, body) == [(False, False, True)] * 2
+    assert len(followed) == 2
+
+
+# ---------------------------------------------------------------------- the key
+def test_the_key_defaults_to_ten_minutes_and_zero_turns_it_off():
+    assert spec_from_dict({"name": "s"}, "t").train.startup_timeout_seconds == 600
+    off = spec_from_dict({"name": "s", "train": {"startup_timeout_seconds": 0}}, "t")
+    assert off.train.startup_timeout_seconds == 0
+    with pytest.raises(ConfigError, match="train.startup_timeout_seconds"):
+        spec_from_dict({"name": "s", "train": {"startup_timeout_seconds": -1}}, "job.yaml")
