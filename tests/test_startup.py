@@ -19,6 +19,7 @@ from hpcsuite.runtime.session import Session
 from hpcsuite.runtime.startup import BEFORE_INIT, BEFORE_STEP, IN_INIT, Watch, describe, rank_list
 from hpcsuite.submit.spec import spec_from_dict
 
+from test_locks import layers  # noqa: F401 (a fixture)
 from test_session import on_ranks
 
 
@@ -193,3 +194,25 @@ def test_the_key_defaults_to_ten_minutes_and_zero_turns_it_off():
     assert off.train.startup_timeout_seconds == 0
     with pytest.raises(ConfigError, match="train.startup_timeout_seconds"):
         spec_from_dict({"name": "s", "train": {"startup_timeout_seconds": -1}}, "job.yaml")
+
+
+def test_a_site_sets_the_bound_and_may_lock_it(layers):
+    """Like any job key: a site default reaches the job, and a locked one cannot be changed."""
+    from test_locks import SITE
+
+    from hpcsuite.errors import UserError
+    from hpcsuite.submit.config import resolve
+
+    layers["site"].write_text(SITE.replace("defaults: {resources: {partition: batch}}",
+                                           "defaults: {resources: {partition: batch}, "
+                                           "train: {startup_timeout_seconds: 1200}}"))
+    assert resolve(str(layers["spec"])).job.train.startup_timeout_seconds == 1200
+    assert resolve(str(layers["spec"]), sets=["train.startup_timeout_seconds=0"]).job.train \
+        .startup_timeout_seconds == 0
+    layers["site"].write_text(SITE.replace("defaults: {resources: {partition: batch}}",
+                                           "defaults: {resources: {partition: batch}, "
+                                           "train: {startup_timeout_seconds: 1200}}")
+                              .replace("locked: [resources.partition]",
+                                       "locked: [resources.partition, train.startup_timeout_seconds]"))
+    with pytest.raises(UserError, match="train.startup_timeout_seconds"):
+        resolve(str(layers["spec"]), sets=["train.startup_timeout_seconds=0"])
