@@ -105,6 +105,7 @@ SPEC_FIELDS = {
     "train.checkpoint.dir": (hostile_text, st.just("")),
     "train.data.path": (hostile_text, st.just("")),
     "train.data.shape": (st.lists(st.integers(1, 8), min_size=1, max_size=3), st.just([0])),
+    "train.data.on_device": (st.sampled_from(["auto", True, False]), st.sampled_from(["gpu", "True", 1])),
     "train.preemption.signal": (st.sampled_from(["USR1", "TERM"]), st.just("KILL")),
     "train.preemption.lead_seconds": (st.integers(0, 30), st.integers(3600, 99999)),
     "train.horovod.cycle_time_ms": (st.floats(0, 100), st.floats(-1, -0.1)),
