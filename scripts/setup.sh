@@ -2,13 +2,17 @@
 # Set up everything hpcsuite needs on a Debian bookworm machine, idempotently:
 #   Debian packages (OpenMPI, Slurm, munge, build tools), a venv with torch, TensorFlow,
 #   mpi4py and hpcsuite, and Horovod 0.28.1 built from its PyPI sdist with the patches
-#   today's frameworks need. The built Horovod wheel is cached, keyed by the versions it was
-#   built against, so a second run installs it in seconds and never rebuilds.
+#   today's frameworks need (scripts/build_horovod.sh). The sdist and the built Horovod wheel
+#   are cached, the wheel keyed by the versions it was built against (CUDA, NCCL and compute
+#   capabilities too, for a GPU build), so a second run installs it in seconds and never rebuilds.
 #
 # Environment knobs:
 #   HPCSUITE_VENV   venv directory              (default: <repo>/.venv)
 #   HPCSUITE_CACHE  wheel cache directory       (default: ~/.cache/hpcsuite)
 #   HPCSUITE_SKIP_APT=1  do not call apt-get (packages must already be there)
+#   HOROVOD_GPU_OPERATIONS=NCCL|none  build Horovod's GPU operations or not (default: NCCL where
+#                        nvcc exists and torch has CUDA); HOROVOD_NCCL_HOME, HOROVOD_CUDA_HOME,
+#                        HOROVOD_BUILD_CUDA_CC_LIST: see scripts/build_horovod.sh
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -107,8 +111,12 @@ fi
 key="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_tf-${TF_VERSION}_${py_tag}_openmpi-${mpi_version}"
 gpu_env=()
 if [[ $gpu_ops != none ]]; then
-  key="${key}_gpu-${gpu_ops,,}"
-  gpu_env=(HOROVOD_GPU_OPERATIONS="$gpu_ops" HOROVOD_CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}")
+  # A GPU wheel is built for one CUDA, one NCCL and the compute capabilities of this node's GPUs
+  # (scripts/build_horovod.sh finds them): each is part of its key.
+  gpu_key=$(PY=$PY bash "$REPO/scripts/build_horovod.sh" --describe) \
+    || die "cannot build Horovod with HOROVOD_GPU_OPERATIONS=$gpu_ops here (above); HOROVOD_GPU_OPERATIONS=none builds it for the CPU"
+  key="${key}_gpu-${gpu_ops,,}_${gpu_key}"
+  gpu_env=(HOROVOD_GPU_OPERATIONS="$gpu_ops")
 fi
 wheel_dir=$CACHE/wheels/$key
 
@@ -123,31 +131,21 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
   say "building Horovod $HOROVOD_VERSION (key $key); this takes ~10 minutes on 2 cores"
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
-  "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
-    -d "$build" "horovod==$HOROVOD_VERSION" 2> >(grep -v '^WARNING: Location' >&2)
-  tar -xzf "$build"/horovod-"$HOROVOD_VERSION".tar.gz -C "$build"
-  src=$build/horovod-$HOROVOD_VERSION
-
-  # Fix 1: torch >= 2.1 headers require C++17; Horovod 0.28.1 compiles its torch
-  # extension as C++14 (fixed upstream after 0.28.1, never released).
-  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/horovod/torch/CMakeLists.txt"
-  # Fix 2: the whole project must be C++17 too, or gloo (C++14) and the torch extension
-  # (C++17) both define gloo::rendezvous::Store::kDefaultTimeout and the link fails.
-  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt"
-  # Fix 3: TensorFlow >= 2.16 wheels lack the highwayhash/farmhash headers that the
-  # optional XLA ops include; drop xla_mpi_ops.cc (hpcsuite does not use Horovod's XLA ops).
-  sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-  for f in "$src/horovod/torch/CMakeLists.txt" "$src/CMakeLists.txt"; do
-    grep -q 'CMAKE_CXX_STANDARD 17' "$f" || die "C++17 patch did not apply to $f (sdist changed?)"
-  done
-  ! grep -q 'xla_mpi_ops.cc' "$src/horovod/tensorflow/CMakeLists.txt" || die "XLA patch did not apply"
-
-  # cmake and the compilers come from Debian; build against the venv's torch and TF.
-  (cd "$src" && PATH=$VENV/bin:$PATH \
+  # The sdist is cached too: bench/gpu_check.sh carries it to a GPU machine with no network.
+  sdist=$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz
+  if [[ ! -f $sdist ]]; then
+    "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+      -d "$build" "horovod==$HOROVOD_VERSION" 2> >(grep -v '^WARNING: Location' >&2)
+    mkdir -p "$CACHE/sdist"
+    mv "$build/horovod-$HOROVOD_VERSION.tar.gz" "$sdist"
+  fi
+  # scripts/build_horovod.sh patches the sdist for today's torch, TensorFlow, g++, CMake and
+  # CUDA, and finds CUDA and NCCL for a GPU build. cmake and the compilers come from Debian;
+  # build against the venv's torch and TF.
+  (PATH=$VENV/bin:$PATH PY=$PY \
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
     HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS=-j"$(nproc)" \
-    env "${gpu_env[@]}" "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
-      -w "$build/dist" . ) > "$build/build.log" 2>&1 \
+    env "${gpu_env[@]}" bash "$REPO/scripts/build_horovod.sh" "$sdist" "$build/dist" ) > "$build/build.log" 2>&1 \
     || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
   mkdir -p "$wheel_dir"
   cp "$build"/dist/horovod-*.whl "$wheel_dir"/
@@ -160,10 +158,14 @@ pip_q cloudpickle psutil pyyaml packaging cffi
 
 # Stop here, loudly, if this Horovod cannot do what hpcsuite needs.
 check=$("$VENV/bin/horovodrun" --check-build 2>/dev/null) || die "horovodrun --check-build failed"
-for need in TensorFlow PyTorch MPI; do
+needs=(TensorFlow PyTorch MPI)
+[[ $gpu_ops == none ]] || needs+=(NCCL)
+for need in "${needs[@]}"; do
   grep -Eq "\[X\] $need" <<<"$check" || die "installed Horovod lacks $need support:
 $check
 delete $wheel_dir and rerun scripts/setup.sh to rebuild it"
 done
 echo "$key" > "$VENV/.horovod-key"
-say "ready: venv $VENV, Horovod $HOROVOD_VERSION with TensorFlow, PyTorch and MPI ($key)"
+with="TensorFlow, PyTorch and MPI"
+[[ $gpu_ops == none ]] || with="TensorFlow, PyTorch, MPI and NCCL"
+say "ready: venv $VENV, Horovod $HOROVOD_VERSION with $with ($key)"
