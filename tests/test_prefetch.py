@@ -145,6 +145,7 @@ STOPPED_RUN = """
 import json, sys, time
 import torch
 from hpcsuite.runtime.loop import Trainer
+from hpcsuite.runtime.policy import Policy
 from hpcsuite.runtime.prefetch import Input
 from hpcsuite.runtime.signals import StopFlag
 from hpcsuite.runtime.torch_backend import TorchBackend
@@ -157,6 +158,9 @@ job = spec_from_dict({"name": "pf", "output_dir": run_dir, "train": {
     "data": {"samples": 230, "shape": [6], "classes": 3, "prefetch": 4}}}, "t")
 backend = TorchBackend(job)
 flag = StopFlag()
+# A vote every 5 steps, whatever the step time: the stop lands at a known step, not at an
+# epoch's end (where nothing of the epoch is left to gather).
+Policy.propose_interval = staticmethod(lambda times, seconds=0: 5)
 trainer = Trainer(job, run_dir, backend, flag)
 build, step, queued = backend.build, backend.micro_step, []
 
@@ -201,7 +205,8 @@ def test_a_stop_with_batches_queued_trains_each_sample_once_across_the_resume(tm
         assert done.returncode == 0, done.stderr[-3000:]
         outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first, second = outs
-    assert first["status"] == "preempted" and first["queued"] >= 2
+    # The flag, raised in step 31, is voted after it and agreed after step 32 (epoch 2's 2nd).
+    assert first["status"] == "preempted" and first["steps"] == 32 and first["queued"] >= 2
     assert second["status"] == "completed" and second["start"] == first["steps"]
     assert second["cursor"][0] == 6
     lines = {a: (tmp_path / "ledger" / f"rank-0-attempt-{a}.txt").read_text().splitlines()
