@@ -106,7 +106,23 @@ class FilePath(click.Path):
     def convert(self, value, param, ctx):
         if isinstance(value, str) and ("\0" in value or len(value) > 4096):
             self.fail("not a usable file name (NUL character or longer than 4096)", param, ctx)
-        return super().convert(value, param, ctx)
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            # The one-line contract (`error: PATH: why`, exit 2), not click's 3-line usage error.
+            raise UserError(f"{value}: {self.problem(str(value))}") from None
+
+    def problem(self, path: str) -> str:
+        """Why click refused ``path``, in the words of hpcsuite's other file errors."""
+        import os
+
+        if not os.path.lexists(path):
+            return "no such file or directory"
+        if os.path.isdir(path) and not self.dir_okay:
+            return "is a directory, not a file"
+        if not os.path.isdir(path) and not self.file_okay:
+            return "is a file, not a directory"
+        return f"cannot {'write' if self.writable else 'read'} it (permission denied)"
 
 
 def note_no_site(site_profile: bool, spec: str) -> None:

@@ -33,20 +33,39 @@ def show(spec, profile_path, sets, origin, as_json):
     if spec:
         resolve(spec, profile_path, sets)  # a complete job must validate
     view, origins, locks = merged_view(spec, profile_path, sets)
+    used = _template_file(view, locks) if origin else None
     if as_json:
         locked = sorted(k for k in origins if is_locked(k, locks))
-        emit_json({"config": view, "origins": origins, "locked": locked} if origin else view)
+        emit_json({"config": view, "origins": origins, "locked": locked,
+                   "template_file": used} if origin else view)
         return
     if origin:
         width = max(len(k) for k in origins)
         for key in sorted(origins):
             value = _lookup(view, key)
             mark = "  [locked]" if is_locked(key, locks) else ""
-            click.echo(f"{key:{width}}  {_fmt(value):30}  # {origins[key]}{mark}")
+            where = origins[key]
+            if key == "job.template" and used:   # the value's layer, and the file it names
+                where += f"; file: {used['path']} ({used['layer']})" if used["path"] else \
+                    "; no such template on the search path"
+            click.echo(f"{key:{width}}  {_fmt(value):30}  # {where}{mark}")
         return
     import yaml
 
     click.echo(yaml.safe_dump(view, sort_keys=False, default_flow_style=False), nl=False)
+
+
+def _template_file(view: dict, locks) -> dict | None:
+    """The template file a submit from here would render: its search-path layer and path
+    (a site, user or project file can stand in for a built-in name)."""
+    from ..submit.templating import SearchPath
+
+    name = (view.get("job") or {}).get("template")
+    if not isinstance(name, str):
+        return None
+    found = SearchPath.default(site_only="template" in locks).candidates(name)
+    return {"name": name, "layer": found[0][0] if found else None,
+            "path": str(found[0][1]) if found else None}
 
 
 def _lookup(view: dict, key: str):

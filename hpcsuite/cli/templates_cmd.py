@@ -134,7 +134,10 @@ def lint(spec, profile_path, sets, against_slurm, build):
         from ..submit.lint import slurm_findings
 
         try:
-            findings += slurm_findings(r.job)
+            # One problem, one line: what the site profile already refused, Slurm's check
+            # would say again in other words (the partition's CPUs, GPUs, nodes).
+            refused = {f.key for f in findings if f.level == "error"}
+            findings += [f for f in slurm_findings(r.job) if f.key not in refused]
         except UserError as e:
             if against_slurm:
                 raise

@@ -35,9 +35,10 @@ class Prepared(Record):
 
 def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
     """Every finding about a resolved job; Slurm is asked only when nothing else is wrong."""
+    from ..submit.datacheck import data_findings
     from ..submit.lint import lint, slurm_findings
 
-    findings = lint(resolved.job, resolved.profile, base)
+    findings = lint(resolved.job, resolved.profile, base) + data_findings(resolved.job, base)
     if against_slurm and not any(f.level == "error" for f in findings):
         findings += slurm_findings(resolved.job)
     return findings
@@ -96,11 +97,12 @@ def with_dependencies(job, extra: tuple[str, ...], spec: str, workdir: Path, ask
 def validate_templates(path, names: list[str], specs: list[Path],
                        profile_path: str | None) -> list[str]:
     """Render every template in ``names`` against every example spec (one with its own
-    profile-NAME.yaml, a container site, with that profile); problems as strings."""
+    profile-NAME.yaml, a container site, with that profile); problems as strings, each once
+    however many specs it broke (a template's error is the template's, not each spec's)."""
     from ..submit.config import resolve
     from ..submit.plan import plan
 
-    problems = []
+    problems: dict[str, list[str]] = {}
     for spec in specs:
         from ..submit.golden import profile_of
 
@@ -110,8 +112,10 @@ def validate_templates(path, names: list[str], specs: list[Path],
             try:
                 plan(job, resolved.profile, path, resolved.locks)
             except UserError as e:
-                problems.append(f"{e} (rendering {spec.name})")
-    return problems
+                problems.setdefault(str(e), []).append(spec.name)
+    return [f"{text} (rendering {broke[0]}" + (f" and {len(broke) - 1} other example spec"
+                                                f"{'s' if len(broke) > 2 else ''})" if broke[1:] else ")")
+            for text, broke in problems.items()]
 
 
 # ---------------------------------------------------------------------- submit

@@ -159,10 +159,10 @@ class Hdf5:
     npy memory maps; the file is opened in each process that reads it (a DataLoader worker
     must not share an h5py handle with its parent)."""
 
-    def __init__(self, spec: Data, seed: int):
+    def __init__(self, spec: Data, seed: int, key: str = "train.data"):
         if not spec.path:
             raise UserError("train.data.path: required when train.data.kind is hdf5")
-        self.path, self.keys = Path(spec.path), (spec.inputs, spec.labels)
+        self.path, self.keys, self.key = Path(spec.path), (spec.inputs, spec.labels), key
         self._pid = None
         x, y = self._open()
         if len(x) != len(y):
@@ -194,10 +194,15 @@ class Hdf5:
                 self._file = h5py.File(self.path, "r")
             except (OSError, ValueError) as e:
                 raise UserError(f"{self.path}: not a readable HDF5 file ({e})") from None
-            missing = [k for k in self.keys if k not in self._file]
+            missing = [(k, f) for k, f in zip(self.keys, ("inputs", "labels"))
+                       if k not in self._file]
             if missing:
-                raise UserError(f"{self.path}: no dataset {missing[0]!r}; it has "
-                                f"{', '.join(sorted(self._file.keys())) or 'none'}")
+                names: list[str] = []
+                self._file.visititems(lambda n, o: names.append(n)
+                                      if isinstance(o, h5py.Dataset) else None)
+                raise UserError(f"{getattr(self, 'key', 'train.data')}.{missing[0][1]}: "
+                                f"{self.path}: no dataset {missing[0][0]!r}; the file's "
+                                f"datasets: {', '.join(sorted(names)[:12]) or 'none'}")
             self._x, self._y = (self._file[k] for k in self.keys)
             self._pid = os.getpid()
         return self._x, self._y
@@ -349,7 +354,7 @@ def open_data(spec: Data, seed: int, key: str = "train.data", dirs: list[Path] |
     if spec.kind == "npy":
         return NpyShards(spec, seed)
     if spec.kind == "hdf5":
-        return Hdf5(spec, seed)
+        return Hdf5(spec, seed, key)
     if spec.kind == "python":
         return Python(spec, seed, f"{key}.factory", dirs)
     return Synthetic(spec, seed)
