@@ -127,6 +127,10 @@ carried_deps() {   # the carried wheels of what this Python lacks, into $WORK/py
 export PYTHONPATH="$WORK/py:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$WORK/py/bin:$PATH"
 step carried-deps carried_deps
+# That machine's g++ is /opt/gcc's: on PATH there, or put there here.
+if ! command -v g++ >/dev/null 2>&1 && [[ -x /opt/gcc/bin/g++ ]]; then
+  export PATH="/opt/gcc/bin:$PATH"
+fi
 
 build() {
   if ls "$WORK"/wheels/horovod-*.whl >/dev/null 2>&1; then
@@ -147,6 +151,8 @@ build() {
 install_horovod() {
   "$PY" -m pip install --no-index --no-deps --upgrade --target "$WORK/py" "$WORK"/wheels/horovod-*.whl || return 1
   ls -l "$WORK"/wheels/horovod-*.whl; sha256sum "$WORK"/wheels/horovod-*.whl
+  # what the torch extension loads: NCCL (shared), the CUDA runtime, a libstdc++ new enough
+  ldd "$WORK"/py/horovod/torch/mpi_lib_v2*.so | grep -E 'nccl|cuda|stdc\+\+|not found'
   local w size
   for w in "$WORK"/wheels/horovod-*.whl; do           # $OUT takes files under 16 MiB
     size=$(stat -c %s "$w")
