@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import signal
 
 import numpy as np
 
@@ -12,6 +11,7 @@ from ..usercode import blame
 from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
 from .blocks import Buffers, block_size, plan_blocks, read_block, reads_alone
+from .workers import BLOCK_BYTES, Workers
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -55,34 +55,6 @@ def make_optimizer(torch, o: Optimizer, params, lr: float):
     return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
 
 
-class _Batches:
-    """torch Dataset over one epoch's micro-batches of the shared index stream."""
-
-    def __init__(self, recipe, batches):
-        self.recipe, self.batches = recipe, batches    # recipe: how a worker reopens the data
-        self._data = None
-
-    def bind(self, data):
-        self._data = data
-        return self
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __getitem__(self, i):
-        import torch
-
-        if self._data is None:               # in a DataLoader worker: open our own view
-            from .data import reopen
-            self._data = reopen(self.recipe)
-        b = self.batches[i]
-        x, y = self._data.get(b.ids)
-        return i, torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(b.weights)
-
-    def __getstate__(self):                  # workers re-open data instead of copying it
-        return {"recipe": self.recipe, "batches": self.batches, "_data": None}
-
-
 class TorchBackend(HorovodBackend):
     name = "torch"
 
@@ -121,6 +93,7 @@ class TorchBackend(HorovodBackend):
             self._input = Input(torch, self.device, self.t.data.prefetch, self.t.data.on_device,
                                 self.rank)
         self._buffers = Buffers()            # blocks are read into these, used again
+        self._workers = None                 # train.data.workers > 0: the run's loader workers
         self._ones: dict = {}                # weights of full micro-batches, by size
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
@@ -169,8 +142,7 @@ class TorchBackend(HorovodBackend):
     def feed(self, data, batches):
         """(batch, (x, y, w)) for each micro-batch. On a GPU (:mod:`.prefetch`): gathered on the
         GPU from resident data, or with workers 0 gathered ahead by a thread and copied ahead
-        on a side stream."""
-        torch = self.torch
+        on a side stream. With workers, read by the run's loader processes (:mod:`.workers`)."""
         d = self.t.data
         if self._input is not None:
             resident = self._input.resident(data)
@@ -180,33 +152,38 @@ class TorchBackend(HorovodBackend):
             if d.workers == 0:
                 yield from self._input.prefetcher.feed(data, batches)
                 return
-        dataset = _Batches(getattr(data, "recipe", None), batches)
-        if d.workers == 0:
-            dataset.bind(data)
-        cuda = self.device.startswith("cuda")
-        if d.workers == 0 and not cuda:
-            # In-process loading: the DataLoader machinery would only add per-batch cost.
-            yield from self._read_in_process(data, batches)
+        if d.workers:
+            yield from self._from_workers(data, batches)
             return
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=None, shuffle=False, num_workers=d.workers, pin_memory=cuda,
-            prefetch_factor=d.prefetch if d.workers else None,
-            # forkserver: forking a process that has initialised MPI is unsafe.
-            multiprocessing_context="forkserver" if d.workers else None,
-            persistent_workers=False)
-        # Loader workers (and the forkserver that starts them) share the rank's process group,
-        # and mpirun/srun deliver the preemption signal to the whole group: start them with
-        # those signals blocked (the mask is inherited), so only this process acts on them.
-        mask = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, mask)
-        try:
-            batches_iter = iter(loader)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        for i, x, y, w in batches_iter:
+        # In-process loading: the DataLoader machinery would only add per-batch cost.
+        yield from self._read_in_process(data, batches)
+
+    def _from_workers(self, data, batches):
+        """The micro-batches read by the run's loader workers (:mod:`.workers`, started once),
+        in blocks as in-process reads are, a view of the block per micro-batch."""
+        if not batches:
+            return
+        torch, d = self.torch, self.t.data
+        if self._workers is None:
+            self._workers = Workers(data.recipe[:3], d.workers, d.prefetch)
+        cuda = self.device.startswith("cuda")
+        groups = plan_blocks(batches, block_size(data, len(batches[0].ids), BLOCK_BYTES))
+        for group, xs, ys in self._workers.feed(data, groups):
+            xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
             if cuda:
-                x, y, w = (t.to(self.device, non_blocking=True) for t in (x, y, w))
-            yield batches[i], (x, y, w)
+                xs, ys = xs.to(self.device), ys.to(self.device)
+            for b, x, y in zip(group, xs.unbind(0), ys.unbind(0)):
+                yield b, (x, y, self._weights(b))
+
+    def _weights(self, batch):
+        """A micro-batch's weights on the device (one tensor of ones per size when full)."""
+        size = len(batch.ids)
+        if batch.real < size:
+            return self.torch.from_numpy(batch.weights).to(self.device)
+        w = self._ones.get(size)
+        if w is None:
+            w = self._ones[size] = self.torch.ones(size, device=self.device)
+        return w
 
     def _read_in_process(self, data, batches):
         """The micro-batches: mid-sized ones alone (:meth:`_read_alone`), the others in blocks
@@ -370,6 +347,11 @@ class TorchBackend(HorovodBackend):
     def precision_seen(self) -> dict:
         return {"compute_dtype": self._seen_dtype, "loss_scaling": self.scaler is not None,
                 "param_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
+
+    def shutdown(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+        super().shutdown()
 
     def checksum(self) -> str:
         h = hashlib.sha256()
