@@ -46,7 +46,7 @@ def test_fifty_submits_at_once_are_all_recorded_and_listed(local_cluster, tmp_pa
                                     check=True).stdout)
         assert status["job_id"] == latest and status["reason"] == "JobHeldUser"
         out = run_cli("cancel", "held", cwd=tmp_path, env=env, check=True)
-        assert out.stdout.strip() == f"cancelled {latest}"
+        assert out.stdout.strip() == f"cancelled {latest} (it was PENDING)"
     finally:
         subprocess.run(["scancel", *[i for i in ids if i.isdigit()]], env=env, timeout=60)
 
@@ -155,7 +155,7 @@ def test_cancel_stops_a_running_job_and_its_ranks(local_cluster, tmp_path):
     run_dir = tmp_path / "runs" / "long" / job_id
     assert len(rank_pids(run_dir)) == 2
     out = run_cli("cancel", "long", cwd=tmp_path, env=env, check=True)
-    assert out.stdout.strip() == f"cancelled {job_id}"
+    assert out.stdout.strip() == f"cancelled {job_id} (it was RUNNING)"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and rank_pids(run_dir):
         time.sleep(0.5)

@@ -103,7 +103,7 @@ def test_a_sweep_runs_as_one_array_and_a_cancelled_element_runs_again(local_clus
     ids = [r["job_id"] for r in runs]
     assert ids == [array, *(f"{array}_{i}" for i in range(4)), second, f"{second}_3"]
     assert runs[0]["array"]["sweep"] == "lrseed" and runs[0]["state"] == "ARRAY"
-    assert [r["state"] for r in runs[1:5]] == ["COMPLETED"] * 3 + ["UNKNOWN"]
+    assert [r["state"] for r in runs[1:5]] == ["COMPLETED"] * 3 + ["NEVER RAN"]
     assert runs[6]["state"] == "COMPLETED"
     table = run_cli("runs", cwd=tmp_path, env=env, check=True).stdout
     assert "lrseed [4]" in table and f"{array}_3" in table

@@ -115,7 +115,8 @@ def test_pending_reasons_explained_and_the_hopeless_ones_end_the_wait(monkeypatc
     why, never = jobs.explain_pending(pending("PartitionNodeLimit"))
     assert never and "more nodes than its partition" in why
     why, never = jobs.explain_pending(pending("BeginTime", restarts=1))
-    assert not never and "requeued (attempt 2)" in why and "10:00:00" in why
+    # attempts count from 0 everywhere (SLURM_RESTART_COUNT): one requeue runs attempt 1
+    assert not never and "requeued (attempt 1)" in why and "10:00:00" in why
     assert "requeue delay" in progress_line(pending("BeginTime", restarts=1), None)
     gone = pending("ReqNodeNotAvail, UnavailableNodes:node2")
     assert jobs.explain_pending(gone, 5.0)[1] is False             # a node may come back

@@ -369,3 +369,41 @@ def test_model_and_data_arguments_are_axes(work):
     with pytest.raises(UserError, match=r"elements\[0\].train.model_args: .*built-in model 'mlp'"):
         sw.plan_sweep(write(work, "name: b\nbase: job.yaml\naxes:\n"
                                   "  train.model_args.hidden: [16]\n"), against_slurm=False)
+
+
+def test_a_resubmitted_element_waits_so_the_sweep_keeps_max_parallel(work, monkeypatch):
+    """%2 throttles the first array only: element 4 resubmitted while 50_1 and 50_2 run and
+    50_3 and 50_5 wait must start after all of them but the newest one (50_5) have ended."""
+    from hpcsuite import slurm
+
+    planned = sw.plan_sweep(write(work, GRID), against_slurm=False)
+    sd = sw.create(planned)
+    sd.record_submission({"array_job_id": "50", "indices": list(range(6)), "array": "0-5%2"})
+    states = {"50_0": "COMPLETED", "50_1": "RUNNING", "50_2": "RUNNING", "50_3": "PENDING",
+              "50_4": "FAILED", "50_5": "PENDING"}
+
+    def query(ids):
+        return {j: JobState(j, states[j], "0:0", None, None, None) for j in ids if j in states}
+    sbatched = []
+
+    def fake(argv, **kw):
+        sbatched.append(argv)
+        return slurm.Completed(argv, 0, "60\n", "")
+    monkeypatch.setattr(slurm, "call", fake)
+    assert sw.max_parallel(sd) == 2
+    done = sw.resubmit(sd, 4, query=query, against_slurm=False)
+    assert done.job_id == "60" and done.max_parallel == 2
+    assert done.waits_for == ["50_1", "50_2", "50_3"]
+    assert "--dependency=afterany:50_1:50_2:50_3" in sbatched[-1]
+    assert sd.submissions()[-1]["waits_for"] == ["50_1", "50_2", "50_3"]
+
+    # the resubmission is one of the sweep's jobs now: the next one waits for it too
+    states.update({"60_4": "PENDING", "50_0": "FAILED"})
+    rows = element_rows(sd, query)[0]
+    assert sw.waits_for(sd, rows, 2) == ["50_1", "50_2", "50_3", "50_5"]
+    assert sw.waits_for(sd, rows, 5) == ["50_1"] and sw.waits_for(sd, rows, 6) == []
+    # only one running, nothing waiting: it may run beside it at once
+    states.update({"50_2": "COMPLETED", "50_3": "COMPLETED", "50_5": "COMPLETED",
+                   "60_4": "COMPLETED"})
+    assert sw.waits_for(sd, element_rows(sd, query)[0], 2) == []
+    assert sw.throttle_dependency(planned.jobs[0], ["50_1"]) == "afterany:50_1"

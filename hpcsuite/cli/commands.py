@@ -209,13 +209,20 @@ def logs(run, lines, follow, rank):
         if run_dir is None:
             raise UserError(f"job {job_id}: no run directory known for --rank (not submitted from "
                             "here); give its run directory")
+        _check_rank(job_id, run_dir, rank)
         path = RunDir(run_dir).rank_log(rank)
     else:
         path = jobs.log_path(state)
         if path is None and run_dir is not None:
             path = RunDir(run_dir).slurm_log(job_id)
+    waiting = jobs.explain_pending(state)
     if not follow and (path is None or not path.is_file()):
+        if waiting:
+            raise UserError(f"job {job_id} is waiting to start ({waiting[0]}): no output yet")
         raise UserError(f"job {job_id} has no output file yet ({path or 'unknown path'})")
+    if follow and state.state == "PENDING":
+        click.echo(f"job {job_id} is waiting to start" + (f" ({waiting[0]})" if waiting else "")
+                   + "; its output follows once it runs", err=True)
     offset = 0
     if path is not None and path.is_file():
         text = path.read_text(errors="replace")
@@ -225,6 +232,19 @@ def logs(run, lines, follow, rank):
         click.echo(text, nl=False)
     if follow:
         _follow(job_id, path, offset, run_dir)
+
+
+def _check_rank(job_id: str, run_dir: Path, rank: int) -> None:
+    """Refuse a rank the job does not have (its job.json says how many it runs)."""
+    from ..runtime.job_io import load_job
+
+    job_file = RunDir(run_dir).job
+    if not job_file.is_file():
+        return                     # a sweep element before it starts: not known yet
+    size = load_job(str(job_file)).world_size
+    if not 0 <= rank < size:
+        raise UserError(f"job {job_id} has no rank {rank}: it runs {size} rank(s), "
+                        f"0 to {size - 1}")
 
 
 def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -> None:
@@ -280,12 +300,13 @@ def report(run, out):
 @main.command()
 @click.argument("run")
 def cancel(run):
-    """Cancel RUN (a job id, a run directory, or a job name: its latest run)."""
+    """Cancel RUN (a job id, a run directory, or a job name: its latest run); for a job
+    array, every element that still waits or runs. Exit 2 when there is nothing to cancel:
+    the job has ended, was cancelled already, or Slurm does not know it."""
     from ..runs import jobs
 
     job_id, _ = _find_run(run)
-    jobs.cancel(job_id)
-    click.echo(f"cancelled {job_id}")
+    click.echo(jobs.cancel(job_id))
 
 
 @main.command()

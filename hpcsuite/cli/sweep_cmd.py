@@ -178,16 +178,23 @@ def resubmit_cmd(target, index, profile_path, template_dir, wait, timeout, as_js
     with the job.json it had, checked again against the site first. Refused while the element
     is queued or running, once it completed, or when its job now resolves differently (the
     base spec or a profile changed). Its new run directory is OUTPUT_DIR/NAME/NEWID_INDEX;
-    the sweep's status and report follow the newest."""
+    the sweep's status and report follow the newest. It keeps the sweep's max_parallel: while
+    that many of the sweep's elements wait or run, it waits for them (a Slurm dependency on
+    all but the newest max_parallel - 1)."""
     from ..runs.rundir import element_id
     from ..sweep.run import resubmit
     from ..sweep.sweepdir import open_sweep
 
     sd = open_sweep(target)
-    element = element_id(resubmit(sd, index, profile_path, template_dir), index)
+    done = resubmit(sd, index, profile_path, template_dir)
+    element = element_id(done.job_id, index)
+    if done.waits_for:
+        _say(f"element {index} waits for {', '.join(done.waits_for)} to end (max_parallel "
+             f"{done.max_parallel})")
     if not wait:
         if as_json:
-            emit_json({"job_id": element, "sweep_dir": str(sd.path)})
+            emit_json({"job_id": element, "sweep_dir": str(sd.path),
+                       "waits_for": done.waits_for})
         else:
             click.echo(element)
         return

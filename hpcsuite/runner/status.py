@@ -14,7 +14,7 @@ from ..runs.rundir import RunDir
 def progress_line(state, progress: dict | None) -> str:
     """One line: state, elapsed (why it waits, when pending), and the job's latest step,
     epoch, throughput and loss."""
-    from ..runs.jobs import explain_pending
+    from ..runs.jobs import NEVER_RAN, explain_pending
 
     parts = [state.state]
     if state.elapsed:
@@ -22,6 +22,8 @@ def progress_line(state, progress: dict | None) -> str:
     why = explain_pending(state)
     if why:
         parts.append(f"({why[0]})")
+    if state.state == NEVER_RAN:
+        parts.append(f"({state.reason})")
     if progress:
         step, total = progress.get("step"), progress.get("max_steps")
         parts.append(f"step {step}" + (f"/{total}" if total else ""))
@@ -62,6 +64,7 @@ class StatusRecord(Record):
     results: object = None             # Results, once results.json is written
     records: list = field(default_factory=list)     # attempts.jsonl
     timeout_note: str | None = None    # a TIMEOUT: what was lost, what resumes
+    error: dict | None = None          # the error its ranks reported (FAILED-attempt-N)
 
     @classmethod
     def live(cls, state, run_dir: str | Path | None) -> "StatusRecord":
@@ -104,6 +107,7 @@ class StatusRecord(Record):
                                   "gpu": gpu_verdict(r.utilisation, r.data_wait_fraction,
                                                      r.step_times_s, r.start_step)}
         c = attempts.counts(self.records)
+        payload["error"] = self.error
         payload["attempts"] = {"records": self.records, "count": c.attempts,
                                "completed": c.completed, "preempted": c.preempted,
                                "failed": c.failed}
@@ -133,6 +137,9 @@ class StatusRecord(Record):
         if self.records:
             out.append(f"  attempts: {attempts.counts(self.records).describe()}; last: "
                        f"{describe_record(self.records[-1])}")
+        if self.error:
+            e = self.error
+            out.append(f"  error (attempt {e['attempt']}, rank {e['rank']}): {e['message']}")
         if self.timeout_note:
             out.append(f"  reached its time limit without stopping first; {self.timeout_note}")
         if self.run_dir:
@@ -151,6 +158,34 @@ class StatusRecord(Record):
                 "source": s.source if s else None, "step": (self.progress or {}).get("step"),
                 "submitted_at": e.get("submitted_at"), "run_dir": e["run_dir"],
                 "spec": e.get("spec"), "git": e.get("git")}
+
+
+def reported_error(run_dir: Path | None) -> dict | None:
+    """The failure the ranks reported in the latest attempt that reported one
+    (``FAILED-attempt-N``: "rank R", then the error): {attempt, rank, message}, the message
+    the ``error:`` line hpcsuite printed, else the last line (a traceback's exception)."""
+    import re
+
+    if run_dir is None:
+        return None
+    found = []
+    for path in RunDir(run_dir).failed_markers():
+        m = re.search(r"-attempt-(\d+)$", path.name)
+        if m:
+            found.append((int(m.group(1)), path))
+    if not found:
+        return None
+    attempt, path = max(found)
+    try:
+        lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return None
+    rank = lines[0].partition(" ")[2] if lines and lines[0].startswith("rank ") else None
+    body = lines[1:] if rank is not None else lines
+    said = [l[len("error: "):] for l in body if l.startswith("error: ")]
+    message = said[0] if said else (body[-1] if body else "no message")
+    return {"attempt": attempt, "rank": int(rank) if rank and rank.isdigit() else rank,
+            "message": message}
 
 
 def _last_checkpoint(job, run_dir: Path) -> str:
@@ -177,7 +212,12 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
         raise UserError(f"job {job_id} is a job array of {len(array['indices'])} element(s) "
                         f"(sweep {array.get('sweep')}): `hpcsuite status {job_id}_INDEX` shows "
                         f"one, `hpcsuite sweep status {array.get('sweep_dir')}` all of them")
-    state = jobs.query(job_id)
+    try:
+        state = jobs.query(job_id)
+    except jobs.UnknownJob:
+        if not never_ran(entry):
+            raise
+        state = jobs.never_ran(job_id)
     if entry is None and state.workdir:     # a job id from elsewhere: where it was submitted
         try:
             entry = registry.find(state.workdir, job_id)
@@ -194,6 +234,7 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
         progress=read_progress(run_dir) if run_dir else None,
         results=Results.load(rd.results) if rd and rd.results.is_file() else None,
         records=attempts.read_records(run_dir) if run_dir else [],
+        error=reported_error(run_dir),
         timeout_note=_last_checkpoint(job, run_dir) if state.state == "TIMEOUT" and job
         else None)
 
@@ -206,6 +247,17 @@ def describe_many(entries: list[dict], query=None) -> list[StatusRecord]:
     if query is None:
         from ..runs.jobs import query_many as query
 
+    from ..runs.jobs import never_ran as never_ran_state
+
     ids = [e["job_id"] for e in entries if not e.get("array")]   # an array: its elements
     states = query(ids) if ids else {}
-    return [StatusRecord.of_entry(e, states.get(e["job_id"])) for e in entries]
+    return [StatusRecord.of_entry(e, states.get(e["job_id"]) or
+                                  (never_ran_state(e["job_id"]) if never_ran(e) else None))
+            for e in entries]
+
+
+def never_ran(entry: dict | None) -> bool:
+    """Whether a registry entry Slurm has no record of is an array element that never ran:
+    one cancelled while it waited leaves no record and no run directory."""
+    return bool(entry and entry.get("array_job_id") and entry.get("run_dir")
+                and not Path(entry["run_dir"]).exists())

@@ -17,8 +17,13 @@ from .. import slurm
 from ..errors import UserError
 from .rundir import RunDir
 
+# An element of a job array cancelled while it waited: Slurm keeps no record of it (it never
+# became a job of its own) and it left no run directory. hpcsuite's name for that state, the
+# same in `status`, `runs` and `sweep status`.
+NEVER_RAN = "NEVER RAN"
+NEVER_RAN_WHY = "cancelled before it started: Slurm keeps no record of it and it has no run directory"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", NEVER_RAN}
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ def query(job_id: str) -> JobState:
     finished; accounting alone, or the jobcomp record, once the controller has forgotten it."""
     _check_id(job_id)
     done = slurm.call(["scontrol", "show", "job", "-o", job_id], check=False, timeout=30)
-    if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
+    if done.returncode != 0 and not _unknown_id(done.stderr + done.stdout):
         raise slurm.failure(done)        # Slurm itself does not answer
     live = None
     if done.returncode == 0:
@@ -95,7 +100,24 @@ def query(job_id: str) -> JobState:
     if rec:
         return _from_jobcomp(job_id, rec)
     detail = (done.stderr or done.stdout).strip()
-    raise UserError(f"job {job_id} is not known to Slurm ({detail or 'no record'})")
+    raise UnknownJob(f"job {job_id} is not known to Slurm ({detail or 'no record'})")
+
+
+class UnknownJob(UserError):
+    """Slurm answered, and has no record of the job (exit 2)."""
+
+
+def _unknown_id(stderr: str) -> bool:
+    """Whether scontrol/squeue refused the id as one it does not know: "Invalid job id
+    specified", or "Job 13_5 not found" (scontrol 22.05 prints that one on stdout) for an
+    element its array no longer holds."""
+    text = stderr.lower()
+    return "invalid job id" in text or "not found" in text
+
+
+def never_ran(job_id: str) -> JobState:
+    """The state of an array element Slurm has no record of and that left no run directory."""
+    return JobState(job_id, NEVER_RAN, "", None, None, NEVER_RAN_WHY, source="hpcsuite")
 
 
 def query_many(job_ids: list[str]) -> dict[str, JobState]:
@@ -285,7 +307,7 @@ def explain_pending(state: JobState, pending_for: float = 0.0) -> tuple[str, boo
     code = reason_code(state)
     if code == "BeginTime" and state.restarts:
         when = f" until {state.start_time}" if state.start_time not in (None, "", "Unknown") else ""
-        return (f"requeued (attempt {state.restarts + 1}); Slurm holds a requeued job{when} "
+        return (f"requeued (attempt {state.restarts}); Slurm holds a requeued job{when} "
                 "before it starts again (its requeue delay)", False)
     if code == "BeginTime":
         return f"starts at its begin time{f' ({state.start_time})' if state.start_time else ''}", False
@@ -368,5 +390,57 @@ def tail(path: Path, lines: int = 30) -> str:
         return f"(no log at {path})"
 
 
-def cancel(job_id: str) -> None:
-    slurm.call(["scancel", _check_id(job_id)], timeout=30)
+class NothingToCancel(UserError):
+    """The job had ended, was cancelled already, or Slurm does not know it (exit 2)."""
+
+
+def active(job_id: str) -> dict[str, str]:
+    """The job's parts that wait or run now ({id: state}): the job, or a job array's elements
+    (squeue -r lists them one per line); {} when none does or Slurm does not know the id."""
+    done = slurm.call(["squeue", "-h", "-r", "--states=all", "-j", _check_id(job_id),
+                       "-o", "%i|%T"], check=False, timeout=30)
+    if done.returncode != 0:
+        if _unknown_id(done.stderr + done.stdout):
+            return {}
+        raise slurm.failure(done)
+    found = {}
+    for line in done.stdout.splitlines():
+        part, _, state = line.strip().partition("|")
+        if part and state and state not in TERMINAL:
+            found[part] = state
+    return found
+
+
+def cancel(job_id: str) -> str:
+    """Cancel the job (every element of a job array that still waits or runs); what was
+    cancelled, in words. Nothing to cancel is a :class:`NothingToCancel` saying why."""
+    parts = active(job_id)
+    if not parts:
+        raise NothingToCancel(_nothing_to_cancel(job_id))
+    done = slurm.call(["scancel", job_id], check=False, timeout=30)
+    if done.returncode != 0:
+        if active(job_id):
+            raise slurm.failure(done)
+        raise NothingToCancel(_nothing_to_cancel(job_id))     # it ended meanwhile
+    if list(parts) == [job_id]:
+        return f"cancelled {job_id} (it was {parts[job_id]})"
+    counts: dict[str, int] = {}
+    for state in parts.values():
+        counts[state] = counts.get(state, 0) + 1
+    return (f"cancelled {job_id}: {len(parts)} element(s), "
+            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+
+
+def _nothing_to_cancel(job_id: str) -> str:
+    try:
+        state = query(job_id)
+    except UnknownJob:
+        if "_" in job_id:
+            return (f"job {job_id} is not known to Slurm (an element of a job array cancelled "
+                    "before it started leaves no record): nothing to cancel")
+        return (f"job {job_id} is not known to Slurm: nothing to cancel (`hpcsuite runs` lists "
+                "the jobs submitted from here)")
+    if state.state == "CANCELLED":
+        return f"job {job_id} was already cancelled: nothing to cancel"
+    exit_code = f", exit {state.exit_code}" if state.exit_code else ""
+    return f"job {job_id} has already ended ({state.state}{exit_code}): nothing to cancel"

@@ -221,10 +221,11 @@ def job_json(job) -> str:
 
 
 def submit_array(sd: SweepDir, request: BatchRequest, indices: list[int], jobs: list,
-                 workdir: Path) -> str:
+                 workdir: Path, waits_for: list[str] = ()) -> str:
     """Refuse what would go wrong in an element (a checkpoint directory another live job
-    writes, a finished one), then sbatch the array; record it in the sweep directory and the
-    run registry. Returns the array's job id."""
+    writes, a finished one), then sbatch the array (``waits_for``: jobs it starts after, all
+    of them ended); record it in the sweep directory and the run registry. Returns the
+    array's job id."""
     import logging
 
     from ..runs import registry
@@ -237,12 +238,16 @@ def submit_array(sd: SweepDir, request: BatchRequest, indices: list[int], jobs: 
     RunRoot(workdir / request.run_root).path.mkdir(parents=True, exist_ok=True)  # Slurm's logs
     staged = sd.staged_script()
     staged.parent.mkdir(exist_ok=True)
+    if waits_for:
+        request = dataclasses.replace(request, sbatch_argv=[
+            *request.sbatch_argv, f"--dependency={throttle_dependency(request.job, waits_for)}"])
     job_id = sbatch(request, staged)
     script = sd.script(job_id)
     os.replace(staged, script)
     entry = {"array_job_id": job_id, "indices": indices, "array": request.array.spec,
              "script": str(script), "sbatch_argv": [*request.sbatch_argv, str(script)],
-             "submitted_at": dt.datetime.now().isoformat(timespec="seconds")}
+             "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+             **({"waits_for": list(waits_for)} if waits_for else {})}
     try:   # the array is in Slurm's hands now: a failure to record it must not hide its id
         sd.record_submission(entry)
         registry.record(workdir, {
@@ -265,12 +270,63 @@ def run(planned: PlannedSweep) -> tuple[SweepDir, str]:
     return sd, submit_array(sd, planned.request, indices, planned.jobs, planned.workdir)
 
 
+def max_parallel(sd: SweepDir) -> int:
+    """How many of the sweep's elements may run at once: the ``%N`` of its array as first
+    submitted (every element at once when it had none)."""
+    subs = sd.submissions()
+    if not subs:
+        return len(sd.elements())
+    spec = str(subs[0].get("array", ""))
+    limit = spec.rpartition("%")[2]
+    return int(limit) if "%" in spec and limit.isdigit() else len(subs[0]["indices"])
+
+
+def waits_for(sd: SweepDir, rows: dict[int, dict], limit: int) -> list[str]:
+    """The jobs a resubmitted element must wait for (every one ended) so that no more than
+    ``limit`` of the sweep's elements run at once. Slurm's ``%N`` throttles one array only:
+    the first array's pending elements start as its running ones end, and a one-element array
+    beside it is not counted. So it waits for all of the sweep's jobs that wait or run now
+    but the newest ``limit - 1`` (oldest submission first, by index within one): once those
+    have ended at most ``limit - 1`` of the others are left, and each later resubmission
+    waits the same way, so at any moment the newest running job sees at most ``limit - 1``
+    running beside it."""
+    from ..runs.rundir import element_id
+
+    live = []
+    for sub in sd.submissions():
+        for index in sub["indices"]:
+            job_id = element_id(sub["array_job_id"], index)
+            row = rows.get(index)
+            if row and row["job_id"] == job_id and not row["finished"]:
+                live.append(job_id)
+    live = list(dict.fromkeys(live))
+    return live[:len(live) - (limit - 1)] if len(live) >= limit else []
+
+
+def throttle_dependency(job, ids: list[str]) -> str:
+    """sbatch --dependency for a resubmission: the job's own ``after`` (which the command
+    line would otherwise replace) and afterany on ``ids``."""
+    from ..submit.plan import dependency
+
+    own = dependency(list(job.after)) if job.after else ""
+    return ",".join(p for p in (own, "afterany:" + ":".join(ids)) if p)
+
+
+@record
+class Resubmitted(Record):
+    job_id: str                       # the one-element array's id
+    waits_for: list                   # the sweep's jobs it starts after (max_parallel)
+    max_parallel: int
+
+
 def resubmit(sd: SweepDir, index: int, profile_path: str | None = None,
-             template_dir: str | None = None, query=None, against_slurm: bool = True) -> str:
+             template_dir: str | None = None, query=None,
+             against_slurm: bool = True) -> Resubmitted:
     """Submit element ``index`` again, alone (a one-element array, ``--array=INDEX``), with
     the job it was first submitted with: resolved again now and refused when that differs
     (the base spec or a profile changed). Refused while its job is queued or running, or once
-    it completed."""
+    it completed. It keeps the sweep's max_parallel: it waits (a dependency) for the sweep's
+    jobs that would otherwise run beside it (:func:`waits_for`)."""
     from .status import element_rows
 
     d = sd.definition()
@@ -278,7 +334,8 @@ def resubmit(sd: SweepDir, index: int, profile_path: str | None = None,
     if index not in elements:
         raise UserError(f"{sd.path}: no element {index}; the sweep has elements 0 to "
                         f"{len(elements) - 1}")
-    row = element_rows(sd, query)[0][index]
+    rows = element_rows(sd, query)[0]
+    row = rows[index]
     if row["job_id"] and not row["finished"]:
         raise UserError(f"element {index} is {row['state']} as job {row['job_id']}; "
                         f"`hpcsuite cancel {row['job_id']}` first to run it again")
@@ -297,7 +354,10 @@ def resubmit(sd: SweepDir, index: int, profile_path: str | None = None,
         raise UserError(f"{sd.element_job(index)}: element {index} now resolves to another job "
                         f"({key}); the base spec or a profile changed since the sweep was "
                         "submitted. Run a new sweep for the changed job")
-    return submit_array(sd, p.request, [index], [job], workdir)
+    limit = max_parallel(sd)
+    waits = waits_for(sd, rows, limit)
+    return Resubmitted(job_id=submit_array(sd, p.request, [index], [job], workdir, waits),
+                       waits_for=waits, max_parallel=limit)
 
 
 def _first_difference(a, b, prefix: str = "") -> str:

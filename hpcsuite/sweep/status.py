@@ -8,6 +8,7 @@ from typing import Callable
 
 from ..errors import UserError
 from ..records import Record, record
+from ..runs import jobs
 from .sweepdir import SweepDir
 
 
@@ -18,7 +19,8 @@ def element_rows(sd: SweepDir, query=None) -> tuple[dict[int, dict], str | None]
     from ..runs.jobs import TERMINAL
 
     current = sd.current_jobs()
-    entries = {i: {"job_id": job_id, "run_dir": str(sd.run_dir(job_id))}
+    entries = {i: {"job_id": job_id, "run_dir": str(sd.run_dir(job_id)),
+                   "array_job_id": job_id.partition("_")[0]}
                for i, (job_id, _) in current.items()}
     note = None
     try:
@@ -45,8 +47,8 @@ def element_rows(sd: SweepDir, query=None) -> tuple[dict[int, dict], str | None]
 
 
 # Slurm keeps no record of an array element cancelled before it started (it never became a
-# job of its own): no record and no run directory says it never ran.
-NEVER_RAN = "NEVER RAN"
+# job of its own): no record and no run directory says it never ran (runs.jobs names it).
+NEVER_RAN = jobs.NEVER_RAN
 
 
 def _unknown(job_id: str | None, run_dir: str | None) -> str:
@@ -72,21 +74,25 @@ def _completed(run_dir: str) -> bool:
 @record
 class Tally(Record):
     done: int
-    failed: int
+    failed: int                       # ended without completing, never_ran aside
     in_slurm: int
     total: int
+    never_ran: int = 0                # cancelled before they started (state NEVER RAN)
 
     def line(self) -> str:
         return (f"{self.done}/{self.total} done, {self.in_slurm} in Slurm"
-                + (f", {self.failed} failed" if self.failed else ""))
+                + (f", {self.failed} failed" if self.failed else "")
+                + (f", {self.never_ran} {NEVER_RAN.lower()} (cancelled before it started)"
+                   if self.never_ran else ""))
 
 
 def tally(rows: dict[int, dict]) -> Tally:
     values = list(rows.values())
+    never = sum(r["state"] == NEVER_RAN and not r["done"] for r in values)
     return Tally(done=sum(r["done"] for r in values),
-                 failed=sum(r["finished"] and not r["done"] for r in values),
+                 failed=sum(r["finished"] and not r["done"] for r in values) - never,
                  in_slurm=sum(bool(r["job_id"]) and not r["finished"] for r in values),
-                 total=len(values))
+                 total=len(values), never_ran=never)
 
 
 def wait(sd: SweepDir, timeout: float | None, say: Callable[[str], None], query=None,
