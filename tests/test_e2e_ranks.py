@@ -89,3 +89,31 @@ def test_two_ranks_on_one_gpu_are_refused_unless_sharing_is_meant(gpu_cluster, t
     assert seen == {"seen-0.json": "0", "seen-1.json": "0"}, seen
     logs = "".join(p.read_text() for p in (run_dir / "logs").glob("rank-*.log"))
     assert logs.count("shared with other ranks of the node: resources.gpu_sharing") == 2, logs
+
+
+# Script mode: rank r's loss is r + 1 on every step, so rank 0's share (1) is not the mean (1.5).
+SHARES = """import horovod.torch as hvd
+from hpcsuite import api
+
+hvd.init()
+run = api.Run(hvd)
+for batch in run.batches(256):
+    run.log(loss=hvd.rank() + 1.0)
+    if run.should_stop():
+        break
+run.finish()
+"""
+
+
+def test_script_modes_log_line_progress_and_results_are_the_global_mean(local_cluster, tmp_path):
+    _, env = local_cluster
+    (tmp_path / "shares.py").write_text(SHARES)
+    out = submit_spec(env, tmp_path, "name: shares\nresources: {nodes: 2, tasks_per_node: 1}\n"
+                                     "train: {script: shares.py, batch_size: 8, epochs: 1}\n")
+    run_dir = tmp_path / out["run_dir"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and results["loss"] == [1.5] * 16
+    assert json.loads((run_dir / "progress.json").read_text())["loss"] == 1.5
+    lines = re.findall(r"rank 0 hpcsuite\.api: step \d+, epoch \d+, loss ([0-9.]+)",
+                       (run_dir / "logs" / "rank-0.log").read_text())
+    assert lines and set(lines) == {"1.5"}, lines
