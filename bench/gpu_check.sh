@@ -5,7 +5,7 @@
 # the machine has no TensorFlow); hpcsuite on PYTHONPATH; Horovod's NCCL/CUDA build and a GPU
 # allreduce; the GPU tests (tests/test_gpu.py: the backends on cuda, a rank trained with amp,
 # the monitor and checkpoints, then resumed; tests/test_rank_outside_slurm.py: results written
-# with no Slurm on PATH; tests/test_gpu_placement.py); bench/gpu_pipeline.py where it exists;
+# with no Slurm on PATH; tests/test_gpu_placement.py, tests/test_prefetch.py, tests/test_gpu_use.py); bench/gpu_pipeline.py where it exists;
 # `hpcsuite doctor`'s Horovod line last. A failed step does not stop the next; the summary at
 # the end (and $OUT/gpu_check_summary.txt) gives each step's exit status and seconds.
 #
@@ -182,7 +182,7 @@ assert hvd.nccl_built() and hvd.cuda_built()'
 
 tests() {
   timeout 240 "$PY" -m pytest tests/test_gpu.py tests/test_rank_outside_slurm.py \
-    tests/test_gpu_placement.py -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
+    tests/test_gpu_placement.py tests/test_prefetch.py tests/test_gpu_use.py -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
     2>&1 | tee "$OUT/pytest.log" | tail -n 40
 }
 step gpu-tests tests
