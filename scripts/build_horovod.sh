@@ -133,6 +133,10 @@ patch_source() {
   # 5: newer g++ (13+): group_table.h uses std::string without including <string>.
   grep -q '#include <string>' "$src/horovod/common/group_table.h" \
     || sed -i 's/#include <mutex>/#include <mutex>\n#include <string>/' "$src/horovod/common/group_table.h"
+  # and common.h throws std::logic_error without <stdexcept> (g++ from /opt/gcc with CUDA 13's
+  # headers, measured on the lent H200 machine).
+  grep -q '#include <stdexcept>' "$src/horovod/common/common.h" \
+    || sed -i 's/#include <functional>/#include <functional>\n#include <stdexcept>/' "$src/horovod/common/common.h"
   # 6: CUDA 13's nvcc has no C++11 mode; the CUDA kernels are plain C++17 (as torch's are).
   sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$src/horovod/common/ops/cuda/CMakeLists.txt"
   for f in "$src/horovod/torch/CMakeLists.txt" "$src/CMakeLists.txt"; do
@@ -141,6 +145,7 @@ patch_source() {
   ! grep -q 'xla_mpi_ops.cc' "$src/horovod/tensorflow/CMakeLists.txt" || die "XLA patch did not apply"
   grep -q 'setup_requires=\[\]' "$src/setup.py" || die "setup_requires patch did not apply"
   grep -q '#include <string>' "$src/horovod/common/group_table.h" || die "<string> patch did not apply"
+  grep -q '#include <stdexcept>' "$src/horovod/common/common.h" || die "<stdexcept> patch did not apply"
   grep -q 'CMAKE_CUDA_STANDARD 17' "$src/horovod/common/ops/cuda/CMakeLists.txt" || die "CUDA standard patch did not apply"
 }
 

@@ -120,4 +120,5 @@ def test_the_patches_apply_to_the_horovod_sdist(tmp_path):
     assert "xla_mpi_ops.cc" not in (src / "horovod/tensorflow/CMakeLists.txt").read_text()
     assert "setup_requires=[]," in (src / "setup.py").read_text()
     assert "#include <mutex>\n#include <string>\n" in (src / "horovod/common/group_table.h").read_text()
+    assert "#include <functional>\n#include <stdexcept>\n" in (src / "horovod/common/common.h").read_text()
     assert "set(CMAKE_CUDA_STANDARD 17)" in (src / "horovod/common/ops/cuda/CMakeLists.txt").read_text()
