@@ -214,7 +214,7 @@ hvd.init()
 
 def _stalled(env, work, name, launcher, train):
     """Submit a 2-rank job whose ranks never train a step, with a 20 s startup bound and a
-    10 min time limit; the seconds until --wait returned, its stderr, and `status`'s text."""
+    10 min time limit; the seconds until --wait returned, its error line, and `status`'s text."""
     spec = work / f"{name}.yaml"
     spec.write_text(f"name: {name}\nlauncher: {launcher}\n"
                     "resources: {nodes: 2, tasks_per_node: 1, time: '00:10:00'}\n"
@@ -226,7 +226,8 @@ def _stalled(env, work, name, launcher, train):
     assert proc.returncode == 1, proc.stdout + proc.stderr + log.read_text()[-3000:]
     job_id = log.name[len("slurm-"):-len(".out")]
     status = run_cli("status", job_id, cwd=work, env=env, check=True).stdout
-    return took, proc.stderr, status
+    headline = next(l for l in proc.stderr.splitlines() if l.startswith("error: "))
+    return took, headline, status
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])

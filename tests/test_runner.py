@@ -80,6 +80,23 @@ def test_wait_classifies_the_end(tmp_path, monkeypatch, end, results, exit_class
         assert str(err).startswith(f"job 9 ended FAILED (exit 1:0); last lines of {log}:")
 
 
+def test_a_failed_job_leads_with_what_its_ranks_reported(tmp_path, monkeypatch):
+    """The launcher's own lines after a rank's failure can push it out of the log's last
+    lines; the failure the first rank reported (FAILED-attempt-N) comes first."""
+    run_dir = tmp_path / "job" / "9"
+    run_dir.mkdir(parents=True)
+    log = RunDir(run_dir).slurm_log("9")
+    log.write_text("mpirun noise\n" * 40)
+    RunDir(run_dir).failed(0).write_text(
+        "rank 1\nranks stopped inside Horovod's init: no step within 20 s after they started "
+        "(train.startup_timeout_seconds)\n")
+    monkeypatch.setattr(jobs, "query", lambda job_id: state(name="FAILED", exit_code="1:0"))
+    err = runner.wait("9", str(run_dir)).error()
+    assert type(err) is JobFailed and str(err).startswith(
+        "job 9 ended FAILED (exit 1:0): ranks stopped inside Horovod's init: no step within 20 s "
+        f"after they started (train.startup_timeout_seconds); last lines of {log}:\nmpirun noise")
+
+
 def test_wait_turns_a_job_that_can_never_start_into_an_outcome(tmp_path, monkeypatch):
     monkeypatch.setattr(jobs, "query", lambda job_id: state(name="PENDING", exit_code="",
                                                             reason="PartitionConfig"))

@@ -39,9 +39,17 @@ class Outcome(Record):
         return payload
 
     def failure(self) -> str:
-        """The job's end and its log, in one message."""
-        return (f"job {self.job_id} ended {self.state.state} (exit {self.state.exit_code}); "
-                f"last lines of {self.log}:\n{self.tail}")
+        """The job's end, what its first failing rank reported (the launcher's own lines may
+        push that out of the log's last lines: a stalled start names where the ranks stopped),
+        and its log, in one message."""
+        from pathlib import Path
+
+        from .status import reported_error
+
+        said = reported_error(Path(self.run_dir)) if self.run_dir else None
+        return (f"job {self.job_id} ended {self.state.state} (exit {self.state.exit_code})"
+                + (f": {said['message']}" if said else "")
+                + f"; last lines of {self.log}:\n{self.tail}")
 
     def error(self) -> Exception | None:
         """The exception a command ends with (its exit code is the outcome's), or None."""
