@@ -55,6 +55,7 @@ from .errors import UserError
 from .runs import rundir
 from .runs.results import write_json_atomic
 from .runs.rundir import RunDir, RunRoot
+from .runtime import startup
 from .runtime.collectives import HorovodObjects
 from .runtime.job_io import load_job, publish
 from .runtime.policy import VOTE_SECONDS
@@ -136,7 +137,9 @@ class Run:
         path = self.session.progress.resumed_from
         if path is None:
             return None
-        loaded = loaded or self.session.store.load(Path(path))
+        if loaded is None:              # every other rank reads it too: not a hang either
+            with startup.paused():
+                loaded = self.session.store.load(Path(path))
         return Restored(self.step, loaded.tensors, loaded.manifest.get("extra", {}), path)
 
     def _same_script(self, loaded) -> None:

@@ -9,9 +9,11 @@ import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 
+from hpcsuite import api
 from hpcsuite.errors import ConfigError
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime import startup
@@ -216,3 +218,43 @@ def test_a_site_sets_the_bound_and_may_lock_it(layers):
                                        "locked: [resources.partition, train.startup_timeout_seconds]"))
     with pytest.raises(UserError, match="train.startup_timeout_seconds"):
         resolve(str(layers["spec"]), sets=["train.startup_timeout_seconds=0"])
+
+
+def test_a_scripts_other_ranks_read_the_checkpoint_with_the_clock_paused(tmp_path, monkeypatch):
+    """Script mode: rank 0 picks the checkpoint (paused in the session's restore), then every
+    other rank reads it itself, paused too."""
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    from test_api import make_run
+
+    first = make_run(tmp_path)
+    next(iter(first.batches(10)))
+    path = first.save({"w": np.ones(2, np.float32)})
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    picked = {"step": manifest["step"], "cursor": manifest["cursor"], "path": path}
+
+    class RankOne:                        # rank 1 of 2: rank 0's pick comes by broadcast
+        rank, size = staticmethod(lambda: 1), staticmethod(lambda: 2)
+
+        def broadcast_object(self, obj, root_rank=0, name=None):
+            return picked
+
+    pauses = []
+
+    class Recording:
+        def follow(self, has_stepped):
+            pass
+
+        @contextmanager
+        def paused(self):
+            pauses.append("pause")
+            yield
+            pauses.append("resume")
+
+    monkeypatch.setattr(startup, "WATCH", Recording())
+    run = api.Run(RankOne(), job=first.job, run_dir=first.run_dir)
+    restored = run.restore()
+    assert restored.step == manifest["step"] and restored.state["state"]["w"].tolist() == [1, 1]
+    assert pauses == ["pause", "resume"] * 2
