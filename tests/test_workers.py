@@ -25,40 +25,44 @@ import numpy as np
 
 
 class Data:
-    def __init__(self, n, slow):
+    def __init__(self, n, slow, fail_at):
         rng = np.random.default_rng(3)
         self.x = rng.standard_normal((n, 8)).astype(np.float32)
         self.y = (self.x.sum(axis=1) > 0).astype(np.int64)
-        self.slow = slow
+        self.slow, self.fail_at, self.calls = slow, fail_at, 0
 
     def __len__(self):
         return len(self.y)
 
     def __getitem__(self, ids):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ValueError("sample 13 is corrupt")
         if self.slow:
             time.sleep(self.slow)
         return self.x[ids], self.y[ids]
 
 
-def make(n, log, slow=0.0):
+def make(n, log, slow=0.0, fail_at=0):
     with open(log, "a") as f:
         f.write(f"{os.getpid()}\\n")
-    return Data(n, slow)
+    return Data(n, slow, fail_at)
 """
 
 SAMPLES = 4096       # 256 micro-batches of 16 an epoch: four blocks of 64
 
 
-def job(tmp_path: Path, workers: int, epochs: int, slow: float = 0.0, steps: int = 0) -> Path:
+def job(tmp_path: Path, workers: int, epochs: int, slow: float = 0.0, steps: int = 0,
+        backend: str = "torch", fail_at: int = 0) -> Path:
     run_dir = tmp_path / "runs" / "workers" / "local"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "data.py").write_text(FACTORY)
     return write_job(run_dir, {
         "name": "workers", "output_dir": str(tmp_path / "runs"),
-        "train": {"epochs": epochs, "max_steps": steps or None, "batch_size": 16, "ledger": True, "lr": 0.05,
+        "train": {"backend": backend, "epochs": epochs, "max_steps": steps or None, "batch_size": 16, "ledger": True, "lr": 0.05,
                   "data": {"kind": "python", "factory": "data.py:make", "workers": workers,
                            "prefetch": 2, "args": {"n": SAMPLES, "log": str(run_dir / "opened"),
-                                                   "slow": slow}},
+                                                   "slow": slow, "fail_at": fail_at}},
                   "checkpoint": {"every_steps": 1000}}})
 
 
@@ -96,8 +100,9 @@ def ledger_epochs(run_dir: Path) -> dict[int, list[int]]:
 
 
 @pytest.mark.timeout(240)
-def test_two_workers_start_once_over_three_epochs_and_end_with_the_rank(tmp_path):
-    path = job(tmp_path, workers=2, epochs=3)
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_two_workers_start_once_over_three_epochs_and_end_with_the_rank(tmp_path, backend):
+    path = job(tmp_path, workers=2, epochs=3, backend=backend)
     rank = start_rank(path)
     out, err = rank.communicate(timeout=220)
     assert rank.returncode == 0, out + err
@@ -156,6 +161,23 @@ def test_a_stop_signal_to_the_process_group_reaches_only_the_rank(tmp_path):
     for e in (0, 1, 2):
         assert sorted(epochs[e]) == list(range(SAMPLES)), f"epoch {e} not exactly once"
     assert len(epochs[3]) == len(set(epochs[3])) == (1000 - 3 * 256) * 16
+
+
+@pytest.mark.timeout(180)
+def test_a_dataset_error_in_a_worker_fails_the_rank_in_the_users_words_and_ends_the_worker(tmp_path):
+    """The worker's fourth call of the dataset raises (its second read: the rank makes three): the
+    rank fails naming the error, and its worker ends with it (os._exit: no close ran)."""
+    path = job(tmp_path, workers=1, epochs=2, fail_at=4)
+    rank = start_rank(path)
+    out, err = rank.communicate(timeout=160)
+    assert rank.returncode == 1, out + err
+    assert "failed in train.data.factory (data.py:make)" in err, err
+    assert "ValueError: sample 13 is corrupt" in err and "in loader worker 0" in err, err
+    worker = openers(path.parent)[1]
+    deadline = time.monotonic() + 10
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(worker), "the loader worker outlived its failed rank"
 
 
 @pytest.mark.timeout(180)

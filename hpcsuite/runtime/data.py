@@ -156,7 +156,7 @@ def write_shards(root: Path, x: np.ndarray, y: np.ndarray, shards: int) -> list[
 class Hdf5:
     """Two datasets of one HDF5 file: ``inputs`` [N, *shape] and ``labels`` [N] (integers:
     classes) or [N, ...] (floats: regression targets). Rows are read on demand, as with the
-    npy memory maps; the file is opened in each process that reads it (a DataLoader worker
+    npy memory maps; the file is opened in each process that reads it (a loader worker
     must not share an h5py handle with its parent)."""
 
     def __init__(self, spec: Data, seed: int, key: str = "train.data"):
@@ -222,7 +222,7 @@ class Hdf5:
         ys = np.asarray(ys, dtype=np.int64 if self._y_int else np.float32)[inverse]
         return xs, ys
 
-    def __getstate__(self):   # DataLoader workers reopen the file
+    def __getstate__(self):   # loader workers reopen the file
         return {k: v for k, v in self.__dict__.items() if k not in ("_file", "_x", "_y", "_pid")} | {"_pid": None}
 
 
@@ -371,7 +371,7 @@ def open_train_eval(train, seed: int, dirs: list[Path] | None = None):
 
 
 def reopen(recipe):
-    """The data a ``recipe`` describes, opened in this process (a DataLoader worker)."""
+    """The data a ``recipe`` describes, opened in this process (a loader worker)."""
     train, seed, dirs, which = recipe
     return _train_eval(train, seed, dirs)[which]
 

@@ -155,7 +155,7 @@ class TorchBackend(HorovodBackend):
         if d.workers:
             yield from self._from_workers(data, batches)
             return
-        # In-process loading: the DataLoader machinery would only add per-batch cost.
+        # workers 0: read in this process, between the steps (:meth:`_read_in_process`).
         yield from self._read_in_process(data, batches)
 
     def _from_workers(self, data, batches):

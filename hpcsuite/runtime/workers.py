@@ -67,6 +67,8 @@ def serve(conn, recipe) -> None:
     """A worker: read the blocks the rank sends into the slot it names, until told to stop."""
     from multiprocessing import shared_memory
 
+    from ..usercode import blame
+
     _ignore_stops_and_die_with_parent()
     sources: dict = {}
     slots: list = []
@@ -89,9 +91,11 @@ def serve(conn, recipe) -> None:
                 from .data import reopen
 
                 data = sources[which] = reopen((*recipe, which))
-            conn.send(("ok", read_into(data, ids, slots[slot].buf)))
+            with blame(getattr(data, "key", "train.data"), getattr(data, "ref", None)):
+                label = read_into(data, ids, slots[slot].buf)     # a user's dataset: its key
+            conn.send(("ok", label))
         except BaseException as e:  # noqa: BLE001 - the rank re-raises it
-            conn.send(("error", _portable(e), traceback.format_exc()))
+            conn.send(("error", _portable(e), _from_user_frames(e)))
     for s in slots:
         s.close()
 
@@ -121,6 +125,18 @@ def read_into(data, ids, buf) -> str:
     return gy.dtype.str
 
 
+def _from_user_frames(e: BaseException) -> str:
+    """The worker's traceback from the first frame outside hpcsuite (the user's dataset)."""
+    import os
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = traceback.extract_tb(e.__traceback__)
+    start = next((i for i, f in enumerate(frames) if not f.filename.startswith(ours)), 0)
+    return "".join(["Traceback (most recent call last):\n",
+                    *traceback.format_list(frames[start:]),
+                    *traceback.format_exception_only(type(e), e)])
+
+
 def _portable(e: BaseException) -> BaseException:
     import pickle
 
@@ -142,6 +158,8 @@ class Workers:
         self.pending: deque = deque()       # (worker, slot) of blocks sent, not yet received
         self.slots: list = []               # [worker][slot] SharedMemory
         self.size = 0                       # bytes of each slot
+        self.named = False                  # the slots' names still exist in /dev/shm
+        self.unmapped: set = set()          # workers that may not have mapped them yet
         ctx = multiprocessing.get_context("spawn")   # forking a rank that initialised MPI is unsafe
         # The mask is inherited: no stop signal can reach a worker before it ignores them.
         # multiprocessing's resource tracker unblocks SIGTERM and SIGINT after starting
@@ -204,6 +222,7 @@ class Workers:
             raise RuntimeError(f"loader worker {w} (pid {p.pid}) ended unexpectedly (exit code "
                                f"{p.exitcode}); train.data.workers: 0 reads in the rank itself") \
                 from None
+        self._attached(w)
         if reply[0] == "error":
             _, e, text = reply
             e.add_note(f"in loader worker {w} (pid {self.procs[w].pid}):\n{text.rstrip()}")
@@ -215,8 +234,19 @@ class Workers:
             w, _ = self.pending.popleft()
             try:
                 self.conns[w].recv()
+                self._attached(w)
             except (EOFError, OSError):
                 pass
+
+    def _attached(self, w: int) -> None:
+        """Worker ``w`` replied, so it has mapped its slots: once all have, the slots' names
+        go (the memory stays while mapped), and no way of ending leaves them behind."""
+        self.unmapped.discard(w)
+        if self.named and not self.unmapped:
+            for mine in self.slots:
+                for s in mine:
+                    s.unlink()
+            self.named = False
 
     def _resize(self, size: int) -> None:
         from multiprocessing import shared_memory
@@ -227,13 +257,15 @@ class Workers:
                        for _ in range(self.depth)] for _ in self.conns]
         for conn, mine in zip(self.conns, self.slots):
             conn.send(("slots", [s.name for s in mine]))
+        self.named, self.unmapped = True, set(range(len(self.conns)))
 
     def _free_slots(self) -> None:
         for mine in self.slots:
             for s in mine:
                 s.close()
-                s.unlink()
-        self.slots = []
+                if self.named:
+                    s.unlink()
+        self.slots, self.named = [], False
 
     def close(self) -> None:
         """End the workers (one that does not leave when asked is killed); free the slots."""

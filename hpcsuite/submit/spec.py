@@ -97,12 +97,14 @@ class Data(Record):
         "python: keyword arguments for the factory", key_pattern=r"[A-Za-z_][A-Za-z0-9_]{0,63}",
         key_help="not a Python argument name"))
     workers: int = field(default=0, metadata=_m(
-        "background loader workers per rank (torch DataLoader workers, tf.data parallel calls); "
-        "0 loads in the training process, best for in-memory data; raise it for data on disk",
+        "loader worker processes per rank, started once for the run (both backends); 0 loads "
+        "in the training process, best for in-memory data; raise it for data on disk or a slow "
+        "dataset",
         min=0, max=64))
     prefetch: int = field(default=2, metadata=_m(
-        "batches prepared ahead per rank (per loader worker; on a GPU with workers 0, the "
-        "micro-batches a thread gathers ahead into pinned memory)", min=1, max=64))
+        "read ahead per rank: with workers, blocks of micro-batches (up to 4 MiB) per worker; "
+        "on a GPU with workers 0, the micro-batches a thread gathers ahead into pinned memory",
+        min=1, max=64))
     on_device: Union[bool, Literal["auto"]] = field(default="auto", metadata=_m(
         "torch on a GPU: copy the data to the GPU once and gather each batch there; auto does "
         "when it takes at most a quarter of the GPU's free memory", union_help="auto, true or false"))
