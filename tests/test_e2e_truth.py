@@ -5,13 +5,14 @@ have, and of a job that waits; an element cancelled before it ran named NEVER RA
 a resubmitted element that keeps the sweep's max_parallel."""
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import run_cli, wait_for_text
+from conftest import TEST_PORT, run_cli, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -99,11 +100,27 @@ max_parallel: 1
 """
 
 
-def _running(env: dict) -> list[str]:
+def _running(env: dict, name: str = "slots") -> list[str]:
     """The sweep's elements Slurm runs now (by job name)."""
-    out = subprocess.run(["squeue", "-h", "-r", "-n", "slots", "-t", "RUNNING", "-o", "%i"],
+    out = subprocess.run(["squeue", "-h", "-r", "-n", name, "-t", "RUNNING", "-o", "%i"],
                          env=env, capture_output=True, text=True, timeout=30).stdout
     return out.split()
+
+
+def _follow_sweep(env: dict, cwd, sweep_dir, limit: int, name: str) -> tuple[list, list]:
+    """Sample Slurm's running elements until every element has ended, asserting never more
+    than ``limit`` at once; (every sample, the last rows of sweep status)."""
+    seen, deadline = [], time.monotonic() + 600
+    while True:
+        now = _running(env, name)
+        seen.append(now)
+        assert len(now) <= limit, f"{now} run at once; max_parallel is {limit}"
+        rows = json.loads(run_cli("sweep", "status", str(sweep_dir), "--json", cwd=cwd,
+                                  env=env, check=True).stdout)
+        if all(r["finished"] for r in rows):
+            return seen, rows
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.5)
 
 
 def test_a_resubmitted_element_keeps_max_parallel_and_never_ran_is_named_alike(local_cluster,
@@ -116,7 +133,7 @@ def test_a_resubmitted_element_keeps_max_parallel_and_never_ran_is_named_alike(l
     (tmp_path / "sweep.yaml").write_text(SWEEP)
     sweep_dir = tmp_path / "sweeps" / "slots"
     array = run_cli("sweep", "run", "sweep.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
-    seen, deadline = [], time.monotonic() + 120
+    deadline = time.monotonic() + 120
     while f"{array}_0" not in _running(env):
         assert time.monotonic() < deadline, "element 0 never started"
         time.sleep(0.5)
@@ -143,17 +160,7 @@ def test_a_resubmitted_element_keeps_max_parallel_and_never_ran_is_named_alike(l
     again = run_cli("sweep", "resubmit", str(sweep_dir), "--element", "2", "--json",
                     cwd=tmp_path, env=env, check=True)
     resubmitted = json.loads(again.stdout)
-    deadline = time.monotonic() + 600
-    while True:
-        now = _running(env)
-        seen.append(now)
-        assert len(now) <= 1, f"{now} run at once; max_parallel is 1"
-        rows = json.loads(run_cli("sweep", "status", str(sweep_dir), "--json", cwd=tmp_path,
-                                  env=env, check=True).stdout)
-        if all(r["finished"] for r in rows):
-            break
-        assert time.monotonic() < deadline, rows
-        time.sleep(0.5)
+    seen, rows = _follow_sweep(env, tmp_path, sweep_dir, 1, "slots")
     assert all(r["done"] for r in rows), rows
     assert resubmitted["waits_for"] == [f"{array}_0", f"{array}_1"], resubmitted
     assert [r["job_id"] for r in rows] == [f"{array}_0", f"{array}_1", resubmitted["job_id"]]
@@ -167,3 +174,41 @@ def test_a_resubmitted_element_keeps_max_parallel_and_never_ran_is_named_alike(l
     spans.sort()
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
     assert any(resubmitted["job_id"] in s for s in seen)   # sampled while it ran, alone
+
+
+@pytest.fixture(scope="module")
+def four_slots(tmp_path_factory):
+    """A cluster with room for four one-core jobs at once (two nodes of two cores)."""
+    from hpcsuite.site.cluster import LocalCluster
+
+    root = tmp_path_factory.mktemp("four-slots")
+    cluster = LocalCluster(root, port=TEST_PORT + 48, accounting=False, gpus=2)
+    try:
+        cluster.up(timeout=90)
+        yield dict(os.environ, SLURM_CONF=str(cluster.conf), HPCSUITE_CLUSTER_DIR=str(root))
+    finally:
+        cluster.down()
+
+
+def test_max_parallel_2_holds_when_an_element_is_resubmitted_while_two_run(four_slots, tmp_path):
+    """Room for four; %2 runs elements 0 and 1 while 2 and 3 wait; element 4, cancelled before
+    it ran, resubmitted now waits for 0, 1 and 2 (all live but the newest), never a third."""
+    env = four_slots
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "sweep.yaml").write_text(SWEEP.replace("name: slots", "name: pairs").replace(
+        "[1, 2, 3]", "[1, 2, 3, 4, 5]").replace("max_parallel: 1", "max_parallel: 2"))
+    sweep_dir = tmp_path / "sweeps" / "pairs"
+    array = run_cli("sweep", "run", "sweep.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
+    deadline = time.monotonic() + 120
+    while {f"{array}_0", f"{array}_1"} - set(_running(env, "pairs")):
+        assert time.monotonic() < deadline, "elements 0 and 1 never ran together"
+        time.sleep(0.5)
+    run_cli("cancel", f"{array}_4", cwd=tmp_path, env=env, check=True)
+    again = run_cli("sweep", "resubmit", str(sweep_dir), "--element", "4", "--json",
+                    cwd=tmp_path, env=env, check=True)
+    resubmitted = json.loads(again.stdout)
+    seen, rows = _follow_sweep(env, tmp_path, sweep_dir, 2, "pairs")
+    assert all(r["done"] for r in rows), rows
+    assert resubmitted["waits_for"] == [f"{array}_{i}" for i in range(3)], resubmitted
+    assert any(len(s) == 2 for s in seen)                  # two at once: the room was used
+    assert any(resubmitted["job_id"] in s for s in seen)
