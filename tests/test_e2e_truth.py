@@ -212,3 +212,39 @@ def test_max_parallel_2_holds_when_an_element_is_resubmitted_while_two_run(four_
     assert resubmitted["waits_for"] == [f"{array}_{i}" for i in range(3)], resubmitted
     assert any(len(s) == 2 for s in seen)                  # two at once: the room was used
     assert any(resubmitted["job_id"] in s for s in seen)
+
+
+def test_attempts_are_numbered_one_way_in_status_logs_and_records(local_cluster, tmp_path):
+    """A requeued job's second attempt is attempt 1 in the requeue-delay line of `status`, the
+    rank's log, the batch log, attempts.jsonl and results.json (SLURM_RESTART_COUNT)."""
+    cluster, env = local_cluster
+    (tmp_path / "again.yaml").write_text(
+        "name: again\nresources: {nodes: 1, time: '00:10:00'}\n"
+        "train: {data: {samples: 100000, shape: [8], classes: 4}, batch_size: 16, epochs: 1,\n"
+        "        max_steps: 4000, checkpoint: {every_steps: 100000},\n"
+        "        preemption: {signal: USR1, lead_seconds: 60, requeue: true}}\n")
+    job_id = run_cli("submit", "again.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
+    log = tmp_path / "runs" / "again" / f"slurm-{job_id}.out"
+    wait_for_text(log, "training:")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    said, deadline = None, time.monotonic() + 400
+    while time.monotonic() < deadline:
+        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
+        if state["state"] == "PENDING" and state["reason"] == "BeginTime":
+            said = said or run_cli("status", job_id, env=env, check=True).stdout
+            if set(cluster.node_states().values()) == {"idle"}:
+                time.sleep(2)        # as test_e2e_train: skip Slurm's requeue delay
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                               env=env)
+        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(1)
+    assert state["state"] == "COMPLETED", log.read_text()[-3000:]
+    assert said and "requeued (attempt 1)" in said, said
+    run_dir = tmp_path / "runs" / "again" / job_id
+    rank_log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "attempt 0 on " in rank_log and "attempt 1 on " in rank_log
+    assert "hpcsuite: attempt 0 preempted after saving a checkpoint" in log.read_text()
+    records = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [r["attempt"] for r in records] == [0, 1]
+    assert json.loads((run_dir / "results.json").read_text())["attempt"] == 1
