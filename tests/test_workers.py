@@ -209,6 +209,10 @@ for group, xs, ys in pool.feed(data, groups):
 groups = plan_blocks(list(Sharder(len(held), 1, 0, 4, 1).epoch(Cursor(0, 0))), 3)
 evaluated = [int(i) for group, xs, ys in pool.feed(held, groups) for b in group for i in b.ids]
 assert sorted(evaluated) == list(range(len(held))), evaluated
+groups = plan_blocks(list(Sharder(len(data), 1, 0, 8, 1).epoch(Cursor(5, 0))), 6)
+for group, xs, ys in pool.feed(data, groups):    # bigger blocks: bigger slots, mapped anew
+    x, y = data.get(np.concatenate([b.ids for b in group]))
+    assert np.array_equal(xs, x.reshape(xs.shape)) and np.array_equal(ys, y.reshape(ys.shape))
 assert pool.pids() == pids, "workers started again"
 pool.close()
 print(len(seen), len(pids), len(multiprocessing.active_children()))
