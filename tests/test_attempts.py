@@ -134,3 +134,53 @@ def test_submit_refuses_a_finished_checkpoint_and_mixing_with_an_earlier_run(tmp
         "every_steps": 5, "resume": False}}}, "t")
     with pytest.raises(UserError, match="holds checkpoints of an earlier run"):
         attempts.check_before_submit(fresh, tmp_path)
+
+
+def test_slurm_ending_the_job_after_the_ranks_saved_is_a_preemption_not_a_failure(
+        tmp_path, calls, monkeypatch):
+    """scontrol requeue (or PreemptMode=REQUEUE) sends SIGTERM to every process of the job:
+    mpirun exits 1 while the ranks save. The batch shell recorded the TERM; rank 0's marker
+    says where they saved. The attempt is preempted (not a failure), and hpcsuite leaves the
+    requeue to Slurm (a cancel must stay cancelled)."""
+    from hpcsuite.runs.rundir import RunDir
+
+    seen, _ = calls
+    monkeypatch.setattr(attempts, "STOP_WAIT_S", 0.0)
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    j = job(requeue=True, max_failures=0)
+    RunDir(run).stop_requested(0).write_text("TERM\n")
+    code, lines = end(run, j, 1, 0, monkeypatch, marker="2882 signal\n")
+    assert "attempt 0 preempted on SIGTERM from Slurm" in lines[-1] and "step 2882" in lines[-1]
+    assert not any(argv[:2] == ["scontrol", "requeue"] for argv in seen)
+    record = attempts.read_records(run)[-1]
+    assert (record["outcome"], record["step"], record["exit"], record["signal"]) == \
+        ("preempted", 2882, 1, "TERM")
+    # The next attempt starts: the failure budget (0) is untouched.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert attempts.begin(run, j, out=lines.append) == 0
+    assert not RunDir(run).preempted.exists()     # attempt 0's marker is not attempt 1's
+    c = attempts.counts(attempts.read_records(run))
+    assert (c.preempted, c.failed) == (1, 0)
+    # The job's own signal, the launcher failing after the ranks saved: requeued as usual.
+    RunDir(run).stop_requested(1).write_text("USR1\n")
+    code, lines = end(run, j, 1, 1, monkeypatch, marker="3000 signal\n")
+    assert "requeueing job 42" in lines[-1]
+    # A TERM and no marker (the ranks never saved): a failure, as before.
+    RunDir(run).stop_requested(2).write_text("TERM\n")
+    code, lines = end(run, j, 1, 2, monkeypatch)
+    assert attempts.read_records(run)[-1]["outcome"] == "failed"
+    # A failed launcher with no stop signal: a stale marker is not read as a preemption.
+    code, lines = end(run, j, 1, 3, monkeypatch, marker="10 signal\n")
+    assert attempts.read_records(run)[-1]["outcome"] == "failed"
+
+
+def test_an_attempt_slurm_requeued_before_it_left_a_record_is_a_preemption(tmp_path, calls,
+                                                                            monkeypatch):
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    monkeypatch.setattr(attempts, "_earlier_states", lambda job_id: ["REQUEUED"])
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert attempts.begin(run, job(max_failures=0), out=[].append) == 0
+    first = attempts.read_records(run)[0]
+    assert (first["outcome"], first["why"]) == ("preempted", "requeued by Slurm")

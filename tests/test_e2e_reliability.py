@@ -60,6 +60,35 @@ def test_two_preemptions_in_a_row_lose_and_repeat_nothing(local_cluster, tmp_pat
            "completed" in out
 
 
+
+def test_slurms_own_requeue_is_a_preemption_and_the_whole_run_is_reported(local_cluster, tmp_path):
+    """`scontrol requeue` on a running job (as PreemptMode=REQUEUE: SIGTERM to every process,
+    no warning signal) with max_failures 0: the attempt is preempted at its checkpoint, not a
+    failure; the job resumes and completes, every sample trained exactly once, and
+    results.json's history runs over both attempts."""
+    cluster, env = local_cluster
+    trials = bench("preemption_trials")
+    r = trials.trial(env, cluster, tmp_path, preemptions=1, seed=0, moments=("random",),
+                     routes=("requeue",))
+    assert r["routes"] == ["requeue"] and r["clean"], r["problems"]
+    run_dir = tmp_path / "runs" / "trial" / r["job_id"]
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    first = records[0]
+    assert (first["attempt"], first["outcome"], first["signal"]) == (0, "preempted", "TERM")
+    assert isinstance(first["step"], int) and first["step"] > 0
+    assert records[-1]["outcome"] == "completed"
+    results = json.loads((run_dir / "results.json").read_text())
+    assert [a["status"] for a in results["attempts"]] == ["preempted", "completed"]
+    assert results["attempts"][0]["final_step"] == first["step"]
+    assert results["attempts"][1]["start_step"] == first["step"]
+    history = results["history"]
+    assert history["steps"] == list(range(1, results["final_step"] + 1))   # none lost, none twice
+    assert [a["attempt"] for a in history["attempt_starts"]] == [0, 1]
+    assert history["loss"][0] == results["attempts"][0]["loss_first"]
+    log = (tmp_path / "runs" / "trial" / f"slurm-{r['job_id']}.out").read_text()
+    assert "attempt 0 preempted on SIGTERM from Slurm" in log and "failure budget" not in log
+
+
 CRASH = """name: crash
 resources: {nodes: 1, tasks_per_node: 1}
 train:

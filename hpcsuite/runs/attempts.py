@@ -5,7 +5,8 @@ A job with requeue runs as attempts 0, 1, 2 ... under one job id and one run dir
 launches the ranks and ``hpcsuite attempt end`` after, and this module keeps the record:
 
 - ``attempts.jsonl`` in the run directory, one line per attempt: ``completed``, ``preempted``
-  (a signal; Slurm's preemption or ``scancel --signal``), ``time_limit`` (stopped before the
+  (a signal; Slurm's preemption, ``scancel --signal``, or Slurm's own requeue, whose
+  SIGTERM makes mpirun exit 1 while the ranks save), ``time_limit`` (stopped before the
   walltime with a checkpoint), ``failed`` (the ranks failed), ``lost`` (the attempt left no
   record: a node failure, a kill; Slurm's accounting says which where it has it);
 - the restart budget: preemptions and time limits requeue without limit (they saved their
@@ -129,6 +130,8 @@ def _earlier_states(job_id: str) -> list[str]:
 def _lost_outcome(state: str | None) -> tuple[str, str]:
     if state == "PREEMPTED":
         return "preempted", "preempted by Slurm"
+    if state == "REQUEUED":   # scontrol requeue, PreemptMode=REQUEUE: killed before its record
+        return "preempted", "requeued by Slurm"
     if state == "TIMEOUT":
         return "lost", "killed at the time limit"
     if state == "NODE_FAIL":
@@ -164,10 +167,30 @@ def begin(run_dir: Path, job, out=print) -> int:
         return 1
     if job.train.checkpoint.enabled:
         claim(checkpoint_root(job, run_dir), os.environ.get("SLURM_JOB_ID", ""), run_dir)
+    RunDir(run_dir).preempted.unlink(missing_ok=True)   # an earlier attempt's, never this one's
     if n:
         out(f"hpcsuite: attempt {n} of job {os.environ.get('SLURM_JOB_ID')}: before it, "
             f"{c.describe()}")
     return 0
+
+
+def _outcome(run_dir: Path, n: int, status: int) -> tuple[str, int | None, str | None]:
+    """How attempt ``n`` ended, from the launcher's ``status`` and rank 0's marker: (outcome,
+    the step it saved at, the stop signal the batch shell got when the launcher failed)."""
+    marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit)
+    stop = stop_signal(run_dir, n) if status != 0 else None
+    if stop:
+        # The batch shell got a stop signal and the launcher failed: when Slurm ends a job
+        # (scontrol requeue, a preemption without the warning signal, a cancel) its SIGTERM
+        # reaches every process, mpirun exits 1 at once, and the ranks it left behind, told
+        # by the same signal, are still saving. Their stop is a preemption once rank 0 says so.
+        _wait_for(marker, STOP_WAIT_S)
+    if (status == 0 or stop) and marker.is_file():
+        words = marker.read_text().split()
+        step = int(words[0]) if words and words[0].isdigit() else None
+        reason = words[1] if len(words) > 1 else "signal"
+        return ("time_limit" if reason == "time_limit" else "preempted"), step, stop
+    return ("completed" if status == 0 else "failed"), None, stop
 
 
 def end(run_dir: Path, job, status: int, out=print) -> int:
@@ -180,24 +203,21 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     n = attempt_number()
     job_id = os.environ.get("SLURM_JOB_ID", "")
     pre = job.train.preemption
-    marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit)
-    step, reason = None, None
-    if status == 0 and marker.is_file():
-        words = marker.read_text().split()
-        step = int(words[0]) if words and words[0].isdigit() else None
-        reason = words[1] if len(words) > 1 else "signal"
-    if step is not None or (status == 0 and marker.is_file()):
-        outcome = "time_limit" if reason == "time_limit" else "preempted"
-    elif status == 0:
-        outcome = "completed"
-    else:
-        outcome = "failed"
+    marker = RunDir(run_dir).preempted
+    outcome, step, stop = _outcome(run_dir, n, status)
+    # Slurm ended the job itself (a TERM that is not the job's own signal): Slurm requeues it
+    # or not (a cancel must stay cancelled); hpcsuite only records the attempt.
+    slurm_ended = stop is not None and stop != pre.signal
     records = read_records(run_dir)
     failures = counts(records).failed + (outcome == "failed")
     requeue, why = False, None
     if outcome in SAVED:
         what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
-        if pre.requeue:
+        if slurm_ended:
+            out(f"hpcsuite: attempt {n} {what} on SIG{stop} from Slurm (a requeue, a preemption "
+                f"or a cancel) after saving a checkpoint at step {step}; Slurm decides whether "
+                "it runs again")
+        elif pre.requeue:
             requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {step}"
         else:
             out(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step {step}; not "
@@ -213,7 +233,8 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
             out(f"hpcsuite: attempt {n} failed (exit {status}); not requeued: {failures} failed "
                 f"attempts, more than train.preemption.max_failures ({pre.max_failures})")
     entry = {"attempt": n, "outcome": outcome, "exit": status, "step": step,
-             "host": socket.gethostname(), "requeued": requeue}
+             "host": socket.gethostname(), "requeued": requeue,
+             **({"signal": stop} if stop and outcome in SAVED else {})}
     _append(run_dir, entry)
     if requeue:
         marker.unlink(missing_ok=True)
@@ -230,6 +251,27 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
+
+
+STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
+
+
+def stop_signal(run_dir: Path, attempt: int) -> str | None:
+    """The stop signal the batch shell got in ``attempt`` (its STOP-REQUESTED file), or None."""
+    try:
+        words = RunDir(run_dir).stop_requested(attempt).read_text().split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return words[0] if words else None
+
+
+def _wait_for(path: Path, seconds: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not path.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return path.is_file()
 
 
 # ------------------------------------------------------------------- checkpoint ownership

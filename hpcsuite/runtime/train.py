@@ -21,8 +21,8 @@ from ..submit.spec import JobSpec
 from . import startup
 from .job_io import attempt, hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
 from .placement import place
-from .ranks import from_env
 from .shm import private_shm
+from .ranks import from_env
 from .signals import FLAG, announce_ready
 
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
@@ -119,8 +119,11 @@ def run_managed(job: JobSpec, run_dir: Path) -> None:
     # Horovod down before that would fail the other ranks' collectives with Horovod's own
     # traceback ahead of the real error.
     per_rank, results = Trainer(job, run_dir, backend).run()
-    backend.shutdown()
+    # Recorded before Horovod shuts down: when Slurm ends the job (scontrol requeue, a
+    # preemption without the warning signal) mpirun takes SIGTERM too and exits at once, and
+    # the shutdown of ranks it left behind waits for it until Slurm kills them.
     finish(run_dir, per_rank, results)
+    backend.shutdown()
 
 
 def finish(run_dir: Path, per_rank: dict, results) -> None:
