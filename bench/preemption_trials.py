@@ -2,8 +2,12 @@
 
 Each trial submits one 2-node training job (requeue on, checkpoints every few steps, the
 sample ledger on) and preempts it P times at chosen moments, the way Slurm does before a time
-limit or a preemption: the preemption signal to the batch shell (`scancel --signal=USR1
---batch`). The moments cycle through
+limit or a preemption, by one of two routes (cycled with the moments, or chosen with --routes):
+  signal        the warning signal to the batch shell (`scancel --signal=USR1 --batch`), as Slurm
+                sends it before a time limit or a preemption with a grace time
+  requeue       Slurm's own requeue (`scontrol requeue JOB`): SIGTERM to every process of the
+                job with no warning, as PreemptMode=REQUEUE does; Slurm requeues the job
+The moments cycle through
   random        a random time (0-3 s) after training began
   during-save   the moment a checkpoint save is seen in progress (its .tmp directory)
   startup       as soon as the requeued attempt's batch script starts, before any rank exists
@@ -15,10 +19,12 @@ every epoch was trained exactly once across all attempts (the committed ledger,
 hpcsuite.runs.ledger), the final parameters are identical on all ranks, and the attempt records
 show the P preemptions and one completion.
 
-    .venv/bin/python bench/preemption_trials.py [-n 10] [-p 3] [--backend torch] [--budget SECONDS]
+    .venv/bin/python bench/preemption_trials.py [-n 10] [-p 3] [--routes signal,requeue]
+        [--backend torch] [--budget SECONDS]
 
 Uses the running local cluster (`hpcsuite cluster up`, SLURM_CONF), or starts a private one
-with --private. Prints one line per trial and "k of N clean" (of the trials completed, when
+with --private. Prints one line per trial, the preemptions and clean trials of each route, and
+"k of N clean" (of the trials completed, when
 --budget or a stop signal cut the run short; the trial in flight is cancelled).
 """
 
@@ -42,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))      # tests/test_e2e_reliability.py loa
 from budget import Budget, cancel_jobs_under  # noqa: E402
 
 MOMENTS = ("random", "during-save", "startup", "after-resume")
+ROUTES = ("signal", "requeue")
 SPEC = """name: trial
 resources: {{nodes: 2, tasks_per_node: 1, time: "00:20:00"}}
 train:
@@ -135,8 +142,8 @@ def attempt_lines(log: Path, attempt: int) -> str:
 
 
 def preempt_once(env, cluster, work: Path, job_id: str, attempt: int, moment: str,
-                 rng: random.Random) -> str:
-    """Signal attempt ``attempt`` at ``moment``; what was actually hit."""
+                 rng: random.Random, route: str = "signal") -> str:
+    """Preempt attempt ``attempt`` at ``moment`` by ``route``; what was actually hit."""
     run_dir = work / "runs" / "trial" / job_id
     log = work / "runs" / "trial" / f"slurm-{job_id}.out"
     ckpt = work / "runs" / "trial" / "checkpoints"
@@ -166,7 +173,11 @@ def preempt_once(env, cluster, work: Path, job_id: str, attempt: int, moment: st
             what = "random"
     if not hit:
         return f"{moment}: never reached"
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, capture_output=True)
+    if route == "requeue":
+        subprocess.run(["scontrol", "requeue", job_id], env=env, capture_output=True)
+    else:
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env,
+                       capture_output=True)
     return what
 
 
@@ -189,8 +200,8 @@ def check(work: Path, job_id: str, samples: int, epochs: int, preemptions: int) 
 
 
 def trial(env: dict, cluster, work: Path, preemptions: int, seed: int, backend: str = "torch",
-          samples: int = 8000, epochs: int = 24, moments=MOMENTS) -> dict:
-    """One job preempted ``preemptions`` times; {clean, problems, moments, seconds}."""
+          samples: int = 8000, epochs: int = 24, moments=MOMENTS, routes=("signal",)) -> dict:
+    """One job preempted ``preemptions`` times; {clean, problems, moments, routes, seconds}."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     work.mkdir(parents=True, exist_ok=True)
@@ -200,12 +211,16 @@ def trial(env: dict, cluster, work: Path, preemptions: int, seed: int, backend: 
     if out.returncode != 0:
         return {"clean": False, "problems": [f"submit: {out.stderr.strip()}"], "moments": []}
     job_id = out.stdout.strip()
-    hit = []
+    hit, used = [], []
     for k in range(preemptions):
         moment = moments[(seed + k) % len(moments)]
+        route = routes[(seed + k) % len(routes)]
         if k == 0 and moment in ("startup", "after-resume"):
             moment = "random"          # attempt 0 has no resume before it
-        hit.append(preempt_once(env, cluster, work, job_id, k, moment, rng))
+        if route == "requeue" and moment == "startup":
+            moment = "random"          # Slurm's requeue of a batch script not yet launching: not tried
+        used.append(route)
+        hit.append(preempt_once(env, cluster, work, job_id, k, moment, rng, route))
         # The next attempt exists once this one recorded its end.
         wait_until(lambda: any(r.get("attempt") == k for r in _records(work, job_id)),
                    300, env, cluster, job_id, work, poll=0.1)
@@ -224,7 +239,7 @@ def trial(env: dict, cluster, work: Path, preemptions: int, seed: int, backend: 
         except Exception as e:  # noqa: BLE001 - a damaged record is a finding, not a crash
             problems = [f"{type(e).__name__}: {e}"]
     return {"job_id": job_id, "clean": not problems, "problems": problems, "moments": hit,
-            "seconds": time.monotonic() - t0}
+            "routes": used, "seconds": time.monotonic() - t0}
 
 
 def _records(work: Path, job_id: str) -> list[dict]:
@@ -241,6 +256,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--trials", type=int, default=10)
     ap.add_argument("-p", "--preemptions", type=int, default=3, help="per trial")
+    ap.add_argument("--routes", default=",".join(ROUTES),
+                    help=f"preemption routes to cycle through, comma-separated ({', '.join(ROUTES)})")
     ap.add_argument("--backend", choices=("torch", "tensorflow"), default="torch")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--private", action="store_true", help="start a private cluster")
@@ -248,17 +265,28 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the trials' directories")
     Budget.add_argument(ap, 1080, "trials")
     args = ap.parse_args(argv)
+    routes = tuple(r.strip() for r in args.routes.split(",") if r.strip())
+    if not routes or set(routes) - set(ROUTES):
+        ap.error(f"--routes: choose from {', '.join(ROUTES)} (got {args.routes!r})")
     budget = Budget.from_args(args)
+    by_route = {r: [0, 0, 0] for r in routes}    # preemptions, trials with it, clean ones
     base = Path(tempfile.mkdtemp(prefix="hpcsuite-trials-"))
     clean = done = 0
     with budget.watch(), cluster_env(args.port, args.private) as (env, cluster):
         try:
             for i in budget.each(range(args.trials)):
-                r = trial(env, cluster, base / f"t{i}", args.preemptions, args.seed + i, args.backend)
+                r = trial(env, cluster, base / f"t{i}", args.preemptions, args.seed + i, args.backend,
+                          routes=routes)
                 clean += r["clean"]
+                for route in routes:
+                    n = r.get("routes", []).count(route)
+                    by_route[route][0] += n
+                    by_route[route][1] += n > 0
+                    by_route[route][2] += n > 0 and r["clean"]
                 done += 1
                 print(f"trial {i + 1}: job {r.get('job_id')}, {'clean' if r['clean'] else 'NOT CLEAN'}"
-                      f" in {r.get('seconds', 0):.0f}s; preempted: {', '.join(r['moments'])}"
+                      f" in {r.get('seconds', 0):.0f}s; preempted: "
+                      f"{', '.join(f'{m} ({w})' for m, w in zip(r['moments'], r.get('routes', [])))}"
                       + (f"; {'; '.join(r['problems'])}" if r["problems"] else ""), flush=True)
         finally:
             if budget.stopped_by:
@@ -266,6 +294,8 @@ def main(argv=None) -> int:
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     budget.report(done, args.trials, "trials")
+    for route, (n, trials_with, clean_with) in by_route.items():
+        print(f"route {route}: {n} preemptions in {trials_with} trials, {clean_with} of them clean")
     print(f"{clean} of {done} clean ({args.preemptions} preemptions each, "
           f"backend {args.backend})")
     if args.keep:
