@@ -166,7 +166,8 @@ build, step, queued = backend.build, backend.micro_step, []
 
 def build_on_the_pipeline(data):
     build(data)
-    backend._input = Input(torch, "cpu", 4, False)              # the GPU pipeline, on the CPU
+    # the GPU pipeline with the data on the host: on the CPU here, on the GPU where there is one
+    backend._input = Input(torch, backend.device, 4, False)
 
 def slow_step(inputs, scale, last, padded=True):
     global micro_batches
