@@ -184,3 +184,23 @@ def test_an_attempt_slurm_requeued_before_it_left_a_record_is_a_preemption(tmp_p
     assert attempts.begin(run, job(max_failures=0), out=[].append) == 0
     first = attempts.read_records(run)[0]
     assert (first["outcome"], first["why"]) == ("preempted", "requeued by Slurm")
+
+
+def test_a_cancel_before_any_save_is_not_undone_by_a_requeue(tmp_path, calls, monkeypatch):
+    """scancel sends SIGTERM to every process; ranks that had saved nothing fail. With failures
+    to spare hpcsuite used to requeue that attempt, running a job the user had cancelled."""
+    from hpcsuite.runs.rundir import RunDir
+
+    seen, _ = calls
+    monkeypatch.setattr(attempts, "STOP_WAIT_S", 0.0)
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    j = job(requeue=True, max_failures=3)
+    RunDir(run).stop_requested(0).write_text("TERM\n")
+    code, lines = end(run, j, 143, 0, monkeypatch)
+    assert "not requeued by hpcsuite: Slurm decides" in lines[-1]
+    assert not any(argv[:2] == ["scontrol", "requeue"] for argv in seen)
+    assert attempts.read_records(run)[-1]["outcome"] == "failed"
+    # the same failure with no signal from Slurm is still retried within the budget
+    code, lines = end(run, j, 1, 1, monkeypatch)
+    assert "requeueing job 42" in lines[-1]

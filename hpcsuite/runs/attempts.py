@@ -223,7 +223,10 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
             out(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step {step}; not "
                 "requeued (train.preemption.requeue is off): submit the same spec again to resume")
     elif outcome == "failed":
-        if status == 2:
+        if slurm_ended:     # a cancel that came before any save must stay cancelled
+            out(f"hpcsuite: attempt {n} ended on SIG{stop} from Slurm (a cancel, a requeue or "
+                "a preemption) before saving; not requeued by hpcsuite: Slurm decides")
+        elif status == 2:
             out(f"hpcsuite: attempt {n} failed (exit 2: the error hpcsuite reported above); "
                 "not requeued, it would fail the same way")
         elif failures <= pre.max_failures:
