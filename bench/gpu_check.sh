@@ -22,6 +22,8 @@
 # and stays there; its size and sha256 are logged. A rerun on the same warm machine reuses it
 # (/tmp/hpcsuite-gpu-check).
 #
+#     bash bench/gpu_check.sh --quick  the build, horovod-nccl and bench/gpu_pipeline.py --rounds 8
+#                                      only (no GPU tests, no doctor): ~200 s with the build
 #     bash bench/gpu_check.sh --cpu   this script's logic on a machine without a GPU: no build
 #                                      (the venv's Horovod), the GPU-only steps say why they fail
 #                                      or skip; OUT defaults to /tmp/hpcsuite-gpu-check/out
@@ -40,13 +42,15 @@ SDIST=$CARRY/horovod-$HOROVOD_VERSION.tar.gz
 # packaging; the tests need pytest (pytest-timeout for their limits).
 CARRY_WHEELS=(cloudpickle packaging pytest pluggy iniconfig pygments pytest-timeout)
 
-mode=gpu
-case ${1:-} in
-  --prepare) mode=prepare ;;
-  --cpu) mode=cpu ;;
-  "") ;;
-  *) echo "usage: $0 [--prepare | --cpu]" >&2; exit 2 ;;
-esac
+mode=gpu quick=0
+for arg in "$@"; do
+  case $arg in
+    --prepare) mode=prepare ;;
+    --cpu) mode=cpu ;;
+    --quick) quick=1 ;;   # no GPU tests, no doctor; the pipeline benchmark with --rounds 8 (~200 s in all)
+    *) echo "usage: $0 [--prepare | --cpu] [--quick]" >&2; exit 2 ;;
+  esac
+done
 
 if [[ $mode == prepare ]]; then
   set -e
@@ -185,7 +189,13 @@ tests() {
     tests/test_gpu_placement.py tests/test_prefetch.py tests/test_gpu_use.py -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
     2>&1 | tee "$OUT/pytest.log" | tail -n 40
 }
-step gpu-tests tests
+if ((quick)); then
+  skip gpu-tests "--quick"
+else
+  step gpu-tests tests
+fi
+ROUNDS=()
+((quick)) && ROUNDS=(--rounds 8)
 
 if [[ ! -f bench/gpu_pipeline.py ]]; then
   skip gpu-pipeline "bench/gpu_pipeline.py is not in this checkout"
@@ -195,7 +205,7 @@ elif [[ $mode == cpu ]]; then   # its logic only, as its header says
   step gpu-pipeline timeout 240 "$PY" bench/gpu_pipeline.py --device cpu --steps 5 --rounds 2 \
     --batch 32 --samples 1024 --out "$OUT/gpu_pipeline.json"
 else
-  step gpu-pipeline timeout 240 "$PY" bench/gpu_pipeline.py --out "$OUT/gpu_pipeline.json"
+  step gpu-pipeline timeout 240 "$PY" bench/gpu_pipeline.py "${ROUNDS[@]}" --out "$OUT/gpu_pipeline.json"
 fi
 
 doctor_line() {
@@ -206,7 +216,9 @@ for name in ("horovod", "gpus"):
     print(name, checks[name]["status"], checks[name]["detail"])
 assert "GPU build: CUDA, NCCL" in checks["horovod"]["detail"]' "$OUT/doctor.json"
 }
-if ((BUDGET - SECONDS < 60)); then
+if ((quick)); then
+  skip doctor "--quick"
+elif ((BUDGET - SECONDS < 60)); then
   skip doctor "$((BUDGET - SECONDS))s left of GPU_CHECK_BUDGET=$BUDGET, under the 60 it needs"
 else
   step doctor doctor_line
