@@ -8,7 +8,9 @@ passes the underlying ``tf.Variable`` of each Keras variable (``v.value``) inste
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import os
 
 import numpy as np
@@ -34,6 +36,35 @@ def _imports():
                         "tensorflow and Horovod on the compute nodes (scripts/setup.sh) or load "
                         "the site's modules in the profile") from None
     return tf, keras, horovod, hvd
+
+
+def device_prefetch(gpus, depth: int) -> str | None:
+    """Where each step's block is copied ahead of the step: the first GPU TensorFlow sees, with
+    ``train.data.prefetch`` blocks in flight; None (no GPU or depth 0): blocks stay on the host."""
+    return "/gpu:0" if gpus and depth > 0 else None
+
+
+def to_device(tf, blocks, device: str, depth: int):
+    """(group, (xs, ys, ws)) with the arrays as tensors on ``device``, copied ``depth`` blocks
+    ahead (tf.data prefetch, copy_to_device, prefetch). The groups are not prefetched: one is
+    handed on only with its block, so the loop's cursor counts trained micro-batches only."""
+    blocks = iter(blocks)
+    first = next(blocks, None)
+    if first is None:
+        return
+    pending = collections.deque()            # groups whose arrays the pipeline has taken, in order
+
+    def source():
+        for group, arrays in itertools.chain([first], blocks):
+            pending.append(group)
+            yield arrays
+    spec = tuple(tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)) for a in first[1])
+    ds = tf.data.Dataset.from_generator(source, output_signature=spec).prefetch(depth)
+    ds = ds.apply(tf.data.experimental.copy_to_device(device))
+    with tf.device(device):
+        ds = ds.prefetch(depth)
+    for tensors in ds:
+        yield pending.popleft(), tensors
 
 
 def tf_vars(variables) -> list:
@@ -129,6 +160,7 @@ class TensorFlowBackend(HorovodBackend):
         self._scales: dict[float, object] = {}
         self._index = [tf.constant(i, tf.int32) for i in range(MAX_BLOCK)]
         self._workers = None                 # train.data.workers > 0: the run's loader workers
+        self._device = None                  # '/gpu:0': blocks prefetched to it; '': host
         self._poll: dict | None = None
         # Trace every variant now (block and batch dimensions left open, so all blocks match):
         # a trace costs a quarter of a second, which would otherwise land in some training step.
@@ -167,20 +199,24 @@ class TensorFlowBackend(HorovodBackend):
         d, index, constant = self.t.data, self._index, tf.constant
         if d.workers == 0:
             # In-process loading: a tf.data pipeline around numpy would only add per-batch cost.
-            for group in plan_blocks(batches, block_size(data, len(batches[0].ids))):
-                block = read_block(data, group)
-                xs, ys, ws = constant(block.x), constant(block.y), constant(block.w)
-                for i, b in enumerate(group):
-                    yield b, (xs, ys, ws, index[i])
-            return
-        # With workers: the run's loader processes (:mod:`.workers`, started once), fed each
-        # epoch's blocks (a tf.data pipeline built every epoch cost ~45 ms an epoch to trace).
-        if self._workers is None:
-            self._workers = Workers(data.recipe[:3], d.workers, d.prefetch)
-        groups = plan_blocks(batches, block_size(data, len(batches[0].ids), BLOCK_BYTES))
-        for group, xs, ys in self._workers.feed(data, groups):
-            ws = np.stack([b.weights for b in group])
-            xs, ys, ws = constant(xs), constant(ys), constant(ws)
+            groups = plan_blocks(batches, block_size(data, len(batches[0].ids)))
+            blocks = ((g, (b.x, b.y, b.w)) for g, b in ((g, read_block(data, g)) for g in groups))
+        else:
+            # With workers: the run's loader processes (:mod:`.workers`, started once), fed each
+            # epoch's blocks (a tf.data pipeline built every epoch cost ~45 ms an epoch to trace).
+            if self._workers is None:
+                self._workers = Workers(data.recipe[:3], d.workers, d.prefetch)
+            groups = plan_blocks(batches, block_size(data, len(batches[0].ids), BLOCK_BYTES))
+            blocks = ((g, (xs, ys, np.stack([b.weights for b in g])))
+                      for g, xs, ys in self._workers.feed(data, groups))
+        if self._device is None:
+            self._device = device_prefetch(tf.config.list_physical_devices("GPU"), d.prefetch) or ""
+        if self._device:
+            # On a GPU: each block is copied to the device ahead of its steps (tf.data).
+            blocks = to_device(tf, blocks, self._device, d.prefetch)
+        for group, (xs, ys, ws) in blocks:
+            if not self._device:
+                xs, ys, ws = constant(xs), constant(ys), constant(ws)
             for i, b in enumerate(group):
                 yield b, (xs, ys, ws, index[i])
 
