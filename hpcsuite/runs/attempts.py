@@ -224,8 +224,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
                 "requeued (train.preemption.requeue is off): submit the same spec again to resume")
     elif outcome == "failed":
         if slurm_ended:     # a cancel that came before any save must stay cancelled
-            out(f"hpcsuite: attempt {n} ended on SIG{stop} from Slurm (a cancel, a requeue or "
-                "a preemption) before saving; not requeued by hpcsuite: Slurm decides")
+            out(f"hpcsuite: attempt {n} ended on SIG{stop} from Slurm before saving; not requeued by hpcsuite: Slurm decides")
         elif status == 2:
             out(f"hpcsuite: attempt {n} failed (exit 2: the error hpcsuite reported above); "
                 "not requeued, it would fail the same way")
