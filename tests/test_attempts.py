@@ -166,13 +166,49 @@ def test_slurm_ending_the_job_after_the_ranks_saved_is_a_preemption_not_a_failur
     RunDir(run).stop_requested(1).write_text("USR1\n")
     code, lines = end(run, j, 1, 1, monkeypatch, marker="3000 signal\n")
     assert "requeueing job 42" in lines[-1]
-    # A TERM and no marker (the ranks never saved): a failure, as before.
+    # Slurm's TERM and no marker: Slurm killed the ranks before rank 0 saved (mpirun took the
+    # TERM too; KillWait ran out). Still Slurm's stop, not a failure: its work is the newest
+    # checkpoint's, and the budget (0) stays untouched, so Slurm's requeue of it runs.
     RunDir(run).stop_requested(2).write_text("TERM\n")
     code, lines = end(run, j, 1, 2, monkeypatch)
+    assert "before it could save; it has no checkpoint" in lines[-1]
+    assert attempts.read_records(run)[-1]["outcome"] == "preempted"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    assert attempts.begin(run, j, out=lines.append) == 0
+    # The job's own signal and no marker: the ranks were asked to save and did not.
+    RunDir(run).stop_requested(3).write_text("USR1\n")
+    code, lines = end(run, j, 1, 3, monkeypatch)
     assert attempts.read_records(run)[-1]["outcome"] == "failed"
     # A failed launcher with no stop signal: a stale marker is not read as a preemption.
-    code, lines = end(run, j, 1, 3, monkeypatch, marker="10 signal\n")
+    code, lines = end(run, j, 1, 4, monkeypatch, marker="10 signal\n")
     assert attempts.read_records(run)[-1]["outcome"] == "failed"
+
+
+def test_slurm_killing_the_ranks_before_they_saved_resumes_from_the_newest_checkpoint(
+        tmp_path, calls, monkeypatch):
+    """Seen in CI: scontrol requeue, and mpirun ended the ranks before rank 0's save. The
+    attempt is recorded preempted at the newest checkpoint's step, and with max_failures 0
+    the requeued attempt still starts."""
+    from hpcsuite.runs.rundir import RunDir
+
+    monkeypatch.setattr(attempts, "STOP_WAIT_S", 0.0)
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    j = job(requeue=True, max_failures=0)
+    root = attempts.checkpoint_root(j, run)
+    for step, committed in ((1000, True), (1025, False)):    # 1025: a save cut short
+        d = root / f"step-{step:08d}"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"step": step}))
+        if committed:
+            (d / "COMMITTED").write_text("")
+    RunDir(run).stop_requested(0).write_text("TERM\n")
+    code, lines = end(run, j, 1, 0, monkeypatch)
+    assert "before it could save; its work is the checkpoint at step 1000" in lines[-1]
+    record = attempts.read_records(run)[-1]
+    assert (record["outcome"], record["step"], record["signal"]) == ("preempted", 1000, "TERM")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert attempts.begin(run, j, out=lines.append) == 0
 
 
 def test_an_attempt_slurm_requeued_before_it_left_a_record_is_a_preemption(tmp_path, calls,
@@ -198,9 +234,9 @@ def test_a_cancel_before_any_save_is_not_undone_by_a_requeue(tmp_path, calls, mo
     j = job(requeue=True, max_failures=3)
     RunDir(run).stop_requested(0).write_text("TERM\n")
     code, lines = end(run, j, 143, 0, monkeypatch)
-    assert "not requeued by hpcsuite: Slurm decides" in lines[-1]
+    assert "before it could save" in lines[-1] and "Slurm decides" in lines[-1]
     assert not any(argv[:2] == ["scontrol", "requeue"] for argv in seen)
-    assert attempts.read_records(run)[-1]["outcome"] == "failed"
+    assert attempts.read_records(run)[-1]["outcome"] == "preempted"
     # the same failure with no signal from Slurm is still retried within the budget
     code, lines = end(run, j, 1, 1, monkeypatch)
     assert "requeueing job 42" in lines[-1]

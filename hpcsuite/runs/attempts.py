@@ -174,9 +174,10 @@ def begin(run_dir: Path, job, out=print) -> int:
     return 0
 
 
-def _outcome(run_dir: Path, n: int, status: int) -> tuple[str, int | None, str | None]:
+def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, str | None]:
     """How attempt ``n`` ended, from the launcher's ``status`` and rank 0's marker: (outcome,
-    the step it saved at, the stop signal the batch shell got when the launcher failed)."""
+    the step its work is saved at, the stop signal the batch shell got when the launcher
+    failed)."""
     marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit)
     stop = stop_signal(run_dir, n) if status != 0 else None
     if stop:
@@ -190,6 +191,14 @@ def _outcome(run_dir: Path, n: int, status: int) -> tuple[str, int | None, str |
         step = int(words[0]) if words and words[0].isdigit() else None
         reason = words[1] if len(words) > 1 else "signal"
         return ("time_limit" if reason == "time_limit" else "preempted"), step, stop
+    if stop and stop != job.train.preemption.signal:
+        # Slurm's own TERM (a requeue, a preemption without the warning signal, a cancel) and
+        # no marker: Slurm killed the ranks before rank 0 had saved (mpirun took the TERM too
+        # and ended them, or Slurm's KillWait ran out). Not a failure of the job's: its work
+        # is the newest checkpoint's, where the next attempt, if Slurm runs one, resumes.
+        newest = newest_checkpoint(checkpoint_root(job, run_dir)) \
+            if job.train.checkpoint.enabled else None
+        return "preempted", (newest[1].get("step") if newest else None), stop
     return ("completed" if status == 0 else "failed"), None, stop
 
 
@@ -204,7 +213,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     pre = job.train.preemption
     marker = RunDir(run_dir).preempted
-    outcome, step, stop = _outcome(run_dir, n, status)
+    outcome, step, stop = _outcome(run_dir, n, status, job)
     # Slurm ended the job itself (a TERM that is not the job's own signal): Slurm requeues it
     # or not (a cancel must stay cancelled); hpcsuite only records the attempt.
     slurm_ended = stop is not None and stop != pre.signal
@@ -214,9 +223,11 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     if outcome in SAVED:
         what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
         if slurm_ended:
+            saved = f"after saving a checkpoint at step {step}" if marker.is_file() else \
+                ("before it could save; its work is the checkpoint at step " f"{step}"
+                 if step is not None else "before it could save; it has no checkpoint")
             out(f"hpcsuite: attempt {n} {what} on SIG{stop} from Slurm (a requeue, a preemption "
-                f"or a cancel) after saving a checkpoint at step {step}; Slurm decides whether "
-                "it runs again")
+                f"or a cancel) {saved}; Slurm decides whether it runs again")
         elif pre.requeue:
             requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {step}"
         else:
