@@ -135,3 +135,17 @@ def test_ranks_with_cores_to_spare_and_site_choices_keep_mpi_defaults():
     mine = spec_from_dict({"name": "x", "env": {"OMPI_MCA_mpi_yield_when_idle": "0"}}, "t")
     assert "export OMPI_MCA_mpi_yield_when_idle=0" in plan(
         mine, SiteProfile(python="python3"), SearchPath.builtin_only()).script.splitlines()
+
+
+def test_mpiruns_ranks_get_time_to_save_after_slurms_own_sigterm():
+    """Slurm's TERM reaches mpirun and the orteds; each orted then SIGKILLs its ranks after
+    odls_base_sigkill_timeout (1 s by default), before a requeued job's ranks had saved. The
+    script gives them longer; a site's own value wins."""
+    job = spec_from_dict({"name": "x"}, "t")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    assert "export OMPI_MCA_odls_base_sigkill_timeout=10" in script.splitlines()
+    site = SiteProfile(python="python3",
+                       mpi=Mpi(mca={"pml": "ob1", "odls_base_sigkill_timeout": "40"}))
+    script = plan(job, site, SearchPath.builtin_only()).script
+    assert "OMPI_MCA_odls_base_sigkill_timeout" not in script
+    assert "--mca odls_base_sigkill_timeout 40" in script

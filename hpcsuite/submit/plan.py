@@ -30,6 +30,9 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
     return environment(job.train.horovod, files, bool(job.train.monitor.timeline_steps))
 
 
+RANK_STOP_SECONDS = 10   # mpirun's ranks' time to save after Slurm's SIGTERM (KillWait bounds it)
+
+
 def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:
     """OpenMPI settings a job's ranks need beyond the site's MCA parameters.
 
@@ -38,10 +41,20 @@ def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:
     cannot know this one is: the polling thread then holds the core the rank computes on (on
     the local cluster single 2-rank runs swung 10x). Such ranks yield while they wait. A site
     decides otherwise with ``mpi.mca.mpi_yield_when_idle`` in its profile; a job with
-    ``env``."""
+    ``env``.
+
+    When Slurm ends a job itself (``scontrol requeue``, a preemption without the warning
+    signal, a cancel) its SIGTERM reaches mpirun and every rank at once; mpirun exits, and each
+    node's orted ends its ranks with a SIGKILL ``odls_base_sigkill_timeout`` seconds (1 by
+    default) after its own SIGTERM: too soon for the ranks to agree and save (seen: 1 requeue
+    in 8 lost its save). The ranks are given :data:`RANK_STOP_SECONDS`, as srun gives them
+    Slurm's KillWait; a site sets ``mpi.mca.odls_base_sigkill_timeout`` for larger
+    checkpoints."""
     env = {}
     if job.resources.cpus_per_task < 2 and "mpi_yield_when_idle" not in profile.mpi.mca:
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if "odls_base_sigkill_timeout" not in profile.mpi.mca:
+        env["OMPI_MCA_odls_base_sigkill_timeout"] = str(RANK_STOP_SECONDS)
     if profile.mpi.nodes_share_host:   # each node's ranks their own segments (runtime/shm.py)
         env[rundir.NODE_PRIVATE_SHM] = "/dev/shm"
     return env
