@@ -13,6 +13,8 @@ backend and alternates, in rounds of --steps steps (the order reversed every oth
   plain-prefetch  a background thread gathers and pins the next batches (a queue of 2), the
                   main thread copies the next one on a side CUDA stream (apex's data_prefetcher)
   plain-resident  Horovod's synthetic benchmark loop: one batch that stays on the GPU
+  plain-gather    the data on the GPU (the copy managed-auto made), each step's batch gathered
+                  there by two index_select: what a plain loop with resident data does
 All five see the same model, optimizer, data (the sharding layer's ids), precision and loss. A
 round's time is wall clock between two device synchronisations, divided by its steps; the first
 round of each kind is warm-up and not counted. Printed per model: the median step of each kind,
@@ -49,7 +51,8 @@ from budget import Budget, run_group  # noqa: E402
 
 MODELS = {"mlp": {"model": "mlp", "shape": [784], "precision": "fp32", "samples": 32768},
           "resnet": {"model": "resnet", "shape": [3, 32, 32], "precision": "amp", "samples": 16384}}
-KINDS = ("managed-host", "managed-auto", "plain-read", "plain-prefetch", "plain-resident")
+KINDS = ("managed-host", "managed-auto", "plain-read", "plain-prefetch", "plain-resident",
+         "plain-gather")
 PLAIN_DEPTH = 2
 
 
@@ -133,6 +136,7 @@ def measure(a, budget: Budget) -> None:
         os.environ.setdefault(name, value)
     if a.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""      # the backend then picks the CPU
+    import numpy as np
     import torch
 
     from hpcsuite.runtime.data import open_data
@@ -231,9 +235,19 @@ def measure(a, budget: Budget) -> None:
 
     prefetcher = PlainPrefetch(torch, device, lambda i: host_batch(i, cuda), PLAIN_DEPTH)
     fixed = read(0)
+    on_device = inputs["managed-auto"].resident(data)
+    if on_device is not None:
+        x_all, y_all = on_device.x, on_device.y
+        rows = torch.as_tensor(np.stack(ids), device=device)
+
+        def gather(i: int):
+            r = rows[i % len(ids)]
+            return x_all.index_select(0, r), y_all.index_select(0, r)
+    else:                                  # the data does not fit: plain-read's batches
+        gather = read
     kinds = {"managed-host": managed("managed-host"), "managed-auto": managed("managed-auto"),
              "plain-read": plain(read), "plain-prefetch": plain(prefetcher.next),
-             "plain-resident": plain(lambda i: fixed)}
+             "plain-resident": plain(lambda i: fixed), "plain-gather": plain(gather)}
     times: dict[str, list[float]] = {k: [] for k in KINDS}
     try:
         for r in budget.each(range(a.rounds + 1)):
@@ -249,9 +263,9 @@ def measure(a, budget: Budget) -> None:
     auto = inputs["managed-auto"].resident(data) is not None
     ratios = {f"{p}/{mk}": quartiles([x / y for x, y in zip(times[p], times[mk])])
               for mk in ("managed-host", "managed-auto")
-              for p in ("plain-read", "plain-prefetch", "plain-resident")}
+              for p in ("plain-read", "plain-prefetch", "plain-resident", "plain-gather")}
     to_resident = {mk: statistics.median(times[mk]) / statistics.median(times["plain-resident"]) - 1
-                   for mk in ("managed-host", "managed-auto")}
+                   for mk in ("managed-host", "managed-auto", "plain-gather")}
     what = f"{a.one} {m['shape']} batch {a.batch} {m['precision']}"
     print(f"{what} on {device}, {rounds} rounds of {a.steps} steps; on_device auto put the data "
           f"{'on the GPU' if auto and cuda else 'on the device (CPU stand-in)' if auto else 'on the host'}")

@@ -118,6 +118,19 @@ def test_resident_data_gives_the_same_micro_batches():
     _check(data, list(r.feed(odd)), odd)
 
 
+@pytest.mark.parametrize("steps, limit", [(1, 10 ** 9), (2, 10 ** 9), (16, 10 ** 9), (16, 1)])
+def test_resident_micro_batches_gathered_together_are_each_their_own(monkeypatch, steps, limit):
+    """Up to GATHER_STEPS micro-batches (and GATHER_BYTES) come from one gather: each one is
+    still exactly its own ids, in order, the last chunk short."""
+    monkeypatch.setattr(prefetch, "GATHER_STEPS", steps)
+    monkeypatch.setattr(prefetch, "GATHER_BYTES", limit)
+    data = _data()
+    batches = _batches()
+    got = list(prefetch.Resident(torch, "cpu", data).feed(batches))
+    _check(data, got, batches)
+    assert [b for b, _ in got] == batches
+
+
 @pytest.mark.parametrize("setting, free, resident", [
     ("auto", 4 * 50 * (48 + 8), True),       # exactly a quarter of the free memory
     ("auto", 4 * 50 * (48 + 8) - 1, False),

@@ -25,7 +25,8 @@ without pinning, streams or events, the "copy" being a clone.
 ``train.data.on_device``: ``auto`` puts the data on the GPU when its bytes are at most
 RESIDENT_SHARE of the GPU's free memory, ``true`` always, ``false`` never. Resident data is read
 once (in chunks through the source's ``get``); each epoch's micro-batch ids go to the GPU in one
-copy, and each step's batch is gathered there (``index_select``), no host work per step.
+copy, and the micro-batches are gathered there (``index_select``, up to GATHER_STEPS of them in
+one), no host work per step.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 # once the model is built; the rest is left to activations, the optimizer and the allocator.
 RESIDENT_SHARE = 0.25
 RESIDENT_CHUNK_BYTES = 64 << 20   # read and copied to the GPU this much at a time
+GATHER_BYTES = 32 << 20           # resident data: micro-batches gathered together, at most
+GATHER_STEPS = 16                 # this many bytes and micro-batches at a time
 
 
 def sample_bytes(data) -> tuple[int, int]:
@@ -255,7 +258,7 @@ class Resident:
             for b in batches:
                 yield from Resident.feed(self, [b])
             return
-        rows = self._to_device(np.stack([b.ids for b in batches])).unbind(0)
+        rows = self._to_device(np.stack([b.ids for b in batches]))   # [micro-batch, id]
         full = self._ones.get(size)
         if full is None:
             full = self._ones[size] = torch.ones(size, device=self.device)
@@ -265,9 +268,16 @@ class Resident:
             on_device = self._to_device(np.stack([batches[i].weights for i in padded])).unbind(0)
             for i, w in zip(padded, on_device):
                 weights[i] = w
+        # Several micro-batches gathered by one index_select each (GATHER_BYTES at most): a
+        # small model's step is short enough that two kernel launches per step show.
+        per = max(1, min(GATHER_STEPS, GATHER_BYTES // max(1, size * sum(sample_bytes(self.data)))))
         x_all, y_all = self.x, self.y
-        for batch, r, w in zip(batches, rows, weights):
-            yield batch, (x_all.index_select(0, r), y_all.index_select(0, r), w)
+        for start in range(0, len(batches), per):
+            ids = rows[start:start + per].reshape(-1)            # a view: no copy
+            xs = x_all.index_select(0, ids).split(size)
+            ys = y_all.index_select(0, ids).split(size)
+            for k, (x, y) in enumerate(zip(xs, ys)):
+                yield batches[start + k], (x, y, weights[start + k])
 
 
 class Input:
