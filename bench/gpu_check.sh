@@ -196,6 +196,8 @@ else
 fi
 ROUNDS=()
 ((quick)) && ROUNDS=(--rounds 8)
+# GPU_CHECK_MODELS=mlp: only those models (a last call with little device time left)
+[[ -n ${GPU_CHECK_MODELS:-} ]] && ROUNDS+=(--models "$GPU_CHECK_MODELS")
 
 if [[ ! -f bench/gpu_pipeline.py ]]; then
   skip gpu-pipeline "bench/gpu_pipeline.py is not in this checkout"
