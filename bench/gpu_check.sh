@@ -195,7 +195,7 @@ else
   step gpu-tests tests
 fi
 ROUNDS=()
-((quick)) && ROUNDS=(--rounds 8)
+((quick)) && ROUNDS=(--rounds "${GPU_CHECK_ROUNDS:-8}")
 # GPU_CHECK_MODELS=mlp: only those models (a last call with little device time left)
 [[ -n ${GPU_CHECK_MODELS:-} ]] && ROUNDS+=(--models "$GPU_CHECK_MODELS")
 
