@@ -223,11 +223,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     if outcome in SAVED:
         what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
         if slurm_ended:
-            saved = f"after saving a checkpoint at step {step}" if marker.is_file() else \
-                ("before it could save; its work is the checkpoint at step " f"{step}"
-                 if step is not None else "before it could save; it has no checkpoint")
-            out(f"hpcsuite: attempt {n} {what} on SIG{stop} from Slurm (a requeue, a preemption "
-                f"or a cancel) {saved}; Slurm decides whether it runs again")
+            out(_slurm_stop_line(n, what, stop, step, marker.is_file()))
         elif pre.requeue:
             requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {step}"
         else:
@@ -264,6 +260,15 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
+
+
+def _slurm_stop_line(n: int, what: str, stop: str, step: int | None, saved: bool) -> str:
+    """What ``attempt end`` says when Slurm's own signal ended attempt ``n``."""
+    how = f"after saving a checkpoint at step {step}" if saved else \
+        (f"before it could save; its work is the checkpoint at step {step}"
+         if step is not None else "before it could save; it has no checkpoint")
+    return (f"hpcsuite: attempt {n} {what} on SIG{stop} from Slurm (a requeue, a preemption or "
+            f"a cancel) {how}; Slurm decides whether it runs again")
 
 
 STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
