@@ -103,6 +103,12 @@ class HorovodBackend:
 
         return {"horovod": horovod.__version__, "numpy": np.__version__, "mpi": mpi_version()}
 
+    def take_wait(self) -> float | None:
+        """Seconds this rank waited in the gradients' allreduce since the last call; None
+        where the backend cannot tell it from its own work (TensorFlow's allreduce runs inside
+        the compiled step)."""
+        return None
+
     def shutdown(self) -> None:
         self.hvd.shutdown()
 

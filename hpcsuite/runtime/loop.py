@@ -30,6 +30,7 @@ from .schedule import learning_rate
 from .session import Collectives, Progress, Session
 from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
+from .stragglers import Balance
 from .tensorboard import utilisation_values
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class Backend(Collectives, Protocol):
     def broadcast_state(self) -> None: ...
     def checksum(self) -> str: ...
     def gradient_sizes(self) -> list[int]: ...
+    def take_wait(self) -> float | None: ...   # seconds in the allreduce since the last call
     def precision_seen(self) -> dict: ...  # what the training steps computed in (results)
     def versions(self) -> dict: ...
     def shutdown(self) -> None: ...
@@ -107,6 +109,7 @@ class Trainer:
         self.charted_samples = 0     # rank 0's utilisation samples already in TensorBoard
         self.energy: dict = {}       # rank 0, at the report: results.json's energy fields
         self._state_bytes: int | None = None
+        self.balance = Balance(backend, backend.rank)   # own time and wait; the slow rank
 
     # ---------------------------------------------------------------- resume
     def restore(self) -> Progress:
@@ -142,6 +145,7 @@ class Trainer:
         data, held = open_train_eval(self.t, self.t.seed, usercode.search_dirs(self.t.pythonpath))
         self.b.build(data)
         p = self.restore()
+        self.balance.start(self.b.allgather_object(hostname()))
         if self.t.ledger:
             paths = RunDir(self.run_dir)
             paths.ledger_dir.mkdir(exist_ok=True)
@@ -267,6 +271,7 @@ class Trainer:
         if s.vote_handle is not None and p.step > s.vote_tick:
             # The vote posted after the previous step went with this step's gradients.
             result = s.read_vote()
+            self.balance.read(result.own, result.wait)
             stop = "preempted" if result.stop else None
             save = result.stop or result.save
             # Progress, charts and rank 0's log line all show the voted step's global mean
@@ -278,13 +283,16 @@ class Trainer:
             if s.chart_due():
                 s.chart_training(step, loss=loss, learning_rate=lr)
                 self.chart_utilisation()
+                s.chart_point(step, {f"ranks/own_ms/rank_{r}": 1e3 * t
+                                     for r, t in enumerate(result.own) if t is not None})
             if self.b.rank == 0 and policy.log_due(time.monotonic()):
                 log.info("step %d, epoch %d, loss %.4f, lr %.4g", step, epoch, loss, lr)
         if stop is None and s.vote_due(p.step):
             self.settle_losses()
             # The vote carries this step's loss sum too: progress shows the global mean.
             s.post_vote(p.step, m.step_times, self.state_bytes(), None,
-                        m.loss_sums[-1] if m.loss_sums else float("nan"))
+                        m.loss_sums[-1] if m.loss_sums else float("nan"),
+                        *self.balance.at_vote(m.step_times))
             self.poll_at = (p.step, p.cursor.epoch, step_real)
         if policy.save_due(p.step, save):
             self.save(p, s.stop_reason if stop else "interval")
@@ -303,7 +311,7 @@ class Trainer:
         report's gather, never this rank's share alone."""
         self.s.write_progress(step, epoch, epochs=math.ceil(self.epochs),
                               loss=loss if loss == loss else None,   # NaN: none yet
-                              lr=self.lr)
+                              lr=self.lr, slow_rank=self.balance.found)
 
     # ---------------------------------------------------------------- TensorBoard
     def chart_utilisation(self) -> None:
@@ -362,7 +370,8 @@ class Trainer:
         checksum = self.b.checksum()
         gathered = s.gather(s.note(elapsed, checksum, loss_sums=m.loss_sums,
                                    utilisation=self.utilisation,
-                                   energy_j=self.sampler.energy_j if self.sampler else None))
+                                   energy_j=self.sampler.energy_j if self.sampler else None,
+                                   **self.balance.note()))
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
                     "data_time_s": m.data_times, "param_checksum": checksum}
@@ -383,5 +392,6 @@ class Trainer:
             loss=loss, lr=m.lr, eval=m.evals,
             utilisation=[g["utilisation"] for g in gathered] if self.sampler is not None else [],
             versions=self.b.versions(), precision_seen=self.b.precision_seen(), **self.energy,
-            gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes))
+            gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes),
+            rank_balance=self.balance.record(gathered))
         return per_rank, results

@@ -154,17 +154,19 @@ class Session:
         return self.vote_handle is None and self.policy.poll_due(tick)
 
     def post_vote(self, tick: int, times: list[float], state_bytes: int = 0,
-                  vote_seconds: float | None = None, loss_sum: float = float("nan")) -> None:
+                  vote_seconds: float | None = None, loss_sum: float = float("nan"),
+                  own: float | None = None, wait: float | None = None) -> None:
         """Post this rank's vote at ``tick`` (a step, or a call of the script's should_stop):
         stop (the flag, or rank 0's clock), save (every_minutes passed), the next interval
-        from ``times`` (recent step times) and ``loss_sum``, which progress shows."""
+        from ``times`` (recent step times), ``loss_sum``, which progress shows, and this
+        rank's ``own`` time and allreduce ``wait`` per step (:mod:`.stragglers`)."""
         wants_stop = self.flag.raised or self.time_limit_near(times, state_bytes, vote_seconds)
         if wants_stop and self.noticed_step is None:
             self.noticed_step = self.progress.step
         interval = Policy.propose_interval(times, vote_seconds or VOTE_SECONDS)
         self.vote_handle = self.ranks.vote_start(vote.encode(
             wants_stop, self.policy.time_to_save(time.monotonic()), interval, loss_sum,
-            self.rank, self.size))
+            self.rank, self.size, own, wait))
         self.vote_tick = tick
         self.policy.polled(tick)
 

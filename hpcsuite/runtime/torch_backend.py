@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 
@@ -64,8 +65,10 @@ class TorchBackend(HorovodBackend):
         torch = self.torch
         self.device = pick_device(self.local_rank, torch.cuda.is_available(),
                                   torch.cuda.device_count() if torch.cuda.is_available() else 0)
-        if self.device.startswith("cuda"):
+        self.on_cuda = self.device.startswith("cuda")
+        if self.on_cuda:
             torch.cuda.set_device(self.device)
+        self.waited = 0.0                    # seconds in the allreduce's wait (take_wait)
         torch.set_num_threads(job.resources.cpus_per_task)
         torch.manual_seed(self.t.seed)
 
@@ -263,16 +266,37 @@ class TorchBackend(HorovodBackend):
         if last:
             if self._read_next is not None:
                 self._read_next()            # while Horovod reduces this step's gradients
+            self.synchronize()
             if self.scaler:
-                self.optimizer.synchronize()
                 self.scaler.unscale_(self.optimizer)
                 with self.optimizer.skip_synchronize():
                     self.scaler.step(self.optimizer)
                 self.scaler.update()
+            elif self.t.horovod.allreduce:
+                with self.optimizer.skip_synchronize():
+                    self.optimizer.step()
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad()
         return result
+
+    def synchronize(self) -> None:
+        """Wait for this step's gradient allreduces, timed: the wait for the other ranks (and
+        the transfer), apart from this rank's own work (:mod:`.stragglers`). On a GPU the
+        compute stream is drained first, so the wait starts when this rank's backward is done,
+        not when its kernels were queued."""
+        if not self.t.horovod.allreduce:
+            return
+        if self.on_cuda:
+            self.torch.cuda.current_stream().synchronize()
+        t0 = time.perf_counter()
+        self.optimizer.synchronize()
+        self.waited += time.perf_counter() - t0
+
+    def take_wait(self) -> float | None:
+        """Seconds spent waiting in the allreduce since the last call (and reset)."""
+        waited, self.waited = self.waited, 0.0
+        return waited if self.t.horovod.allreduce else None
 
     def losses_to_floats(self, losses):
         # One stack and one read for many steps (a device sync each on a GPU), the values exactly.

@@ -1,0 +1,175 @@
+"""Which rank the others wait for: the rule rank 0 applies to the ranks' votes.
+
+At each vote every rank reports how its steps since its previous vote split (:mod:`.vote`): its
+own time per step (data, forward, backward, optimizer: all but the wait for the others) and its
+wait in the gradients' allreduce. In a synchronous step the slowest rank's own time sets the
+pace: the others finish early and wait for it. The rule, over the votes that cover the last
+WINDOW_STEPS steps (at least MIN_VOTES of them):
+
+- a rank is behind at a vote when its own time is at least RATIO x the median of the other
+  ranks' own times at that vote;
+- it is named when it was behind at PERSISTENCE (80 %) or more of those votes: a rank held up
+  by one slow save or one page fault is not named, a node that is slower all along is;
+- what it costs: the step would be shorter by its own time less the others' median, a share
+  of the mean step time the ranks measured (the throughput the job loses), and the others'
+  wait is their median wait's share of the step.
+
+Pure: the session feeds it votes; status, report and the live line print what it returns.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+WINDOW_STEPS = 200
+MIN_VOTES = 5
+RATIO = 1.25
+PERSISTENCE = 0.8
+
+
+@dataclass(frozen=True)
+class Sample:
+    steps: int            # steps this vote covers
+    own: tuple            # each rank's own seconds per step (None: not measured)
+    wait: tuple           # each rank's wait seconds per step (None: not measured)
+
+
+def behind(own: tuple) -> list[tuple[int, float]]:
+    """(rank, own / median of the others' own) for each rank at or above RATIO at one vote."""
+    known = [(r, t) for r, t in enumerate(own) if t is not None]
+    if len(known) < 2:
+        return []
+    out = []
+    for rank, mine in known:
+        others = statistics.median(t for r, t in known if r != rank)
+        if others > 0 and mine >= RATIO * others:
+            out.append((rank, mine / others))
+    return out
+
+
+def finding(samples: list[Sample], hosts: list[str] | None = None) -> dict | None:
+    """The rank named over ``samples`` (the newest last), or None; see the module's rule."""
+    window, steps = [], 0
+    for s in reversed(samples):
+        if steps >= WINDOW_STEPS:
+            break
+        window.append(s)
+        steps += s.steps
+    if len(window) < MIN_VOTES or steps < WINDOW_STEPS:
+        return None
+    counts: dict[int, list[float]] = {}
+    for s in window:
+        for rank, ratio in behind(s.own):
+            counts.setdefault(rank, []).append(ratio)
+    named = [(len(r), rank) for rank, r in counts.items() if len(r) >= PERSISTENCE * len(window)]
+    if not named:
+        return None
+    _, rank = max(named)
+    return _describe(rank, counts[rank], window, steps, hosts)
+
+
+def _describe(rank: int, ratios: list[float], window: list[Sample], steps: int,
+              hosts: list[str] | None) -> dict:
+    gained, step, others_wait = [], [], []
+    for s in window:
+        others = [t for r, t in enumerate(s.own) if r != rank and t is not None]
+        mine = s.own[rank]
+        waits = [w for r, w in enumerate(s.wait) if r != rank and w is not None]
+        if not others or mine is None:
+            continue
+        total = mine + (s.wait[rank] or 0.0)      # the slow rank barely waits: its step is the step
+        step.append(total)
+        gained.append(max(0.0, mine - statistics.median(others)))
+        if waits:
+            others_wait.append(statistics.median(waits) / max(total, 1e-12))
+    mean_step = statistics.fmean(step) if step else 0.0
+    return {"rank": rank, "host": hosts[rank] if hosts and rank < len(hosts) else None,
+            "ratio": round(statistics.median(ratios), 3), "steps": steps, "votes": len(window),
+            "others_wait": round(statistics.fmean(others_wait), 3) if others_wait else None,
+            "cost": round(statistics.fmean(gained) / mean_step, 3) if mean_step else None}
+
+
+def line(found: dict) -> str:
+    """One line for status, the live line and the report."""
+    where = f"rank {found['rank']}" + (f" on {found['host']}" if found.get("host") else "")
+    said = [f"{where}: its own work {found['ratio']:.1f}x the other ranks' median over the last "
+            f"{found['steps']} steps"]
+    if found.get("others_wait") is not None:
+        said.append(f"the other ranks wait {100 * found['others_wait']:.0f} % of each step")
+    if found.get("cost"):
+        said.append(f"it costs about {100 * found['cost']:.0f} % of the throughput")
+    return "; ".join(said)
+
+
+class Watch:
+    """Rank 0's recent votes (bounded) and the current finding."""
+
+    def __init__(self, hosts: list[str] | None = None):
+        # a vote covers one step or more: WINDOW_STEPS votes always span the window
+        self.samples: deque[Sample] = deque(maxlen=WINDOW_STEPS)
+        self.hosts = hosts
+        self.found: dict | None = None
+
+    def add(self, steps: int, own: tuple, wait: tuple) -> dict | None:
+        if steps <= 0 or not own:
+            return self.found
+        self.samples.append(Sample(steps, tuple(own), tuple(wait)))
+        self.found = finding(list(self.samples), self.hosts)
+        return self.found
+
+
+class Balance:
+    """One rank's side of it: the own time and wait it sends with each vote, its totals over
+    the attempt (for results.json), and on rank 0 the :class:`Watch` over every rank's."""
+
+    def __init__(self, backend, rank: int):
+        self.b, self.rank = backend, rank
+        self.mark = 0               # step_times already reported
+        self.posted = 0             # steps the posted vote covers
+        self.own = self.wait = 0.0
+        self.steps = 0
+        self.watch: Watch | None = None
+        self.last: dict | None = None   # the newest rank named in this attempt
+
+    def start(self, hosts: list[str]) -> None:
+        if self.rank == 0:
+            self.watch = Watch(hosts)
+
+    def at_vote(self, step_times: list[float]) -> tuple[float | None, float | None]:
+        """(own, wait) seconds per step since the previous vote, for this rank's vote."""
+        times = step_times[self.mark:]
+        self.mark, self.posted = len(step_times), len(times)
+        take = getattr(self.b, "take_wait", None)     # a stand-in backend may not time it
+        wait = take() if take is not None else None
+        if not times or wait is None:
+            return None, None
+        own = max(0.0, sum(times) - wait)
+        self.own, self.wait, self.steps = self.own + own, self.wait + wait, self.steps + len(times)
+        return own / len(times), wait / len(times)
+
+    def read(self, own: tuple, wait: tuple) -> dict | None:
+        """Rank 0: the votes' answer in; the rank now named, or None."""
+        if self.watch is None:
+            return None
+        found = self.watch.add(self.posted, own, wait)
+        if found:
+            self.last = found
+        return found
+
+    @property
+    def found(self) -> dict | None:
+        return self.watch.found if self.watch is not None else None
+
+    def note(self) -> dict:
+        """This rank's means over the attempt, for the ranks' gather."""
+        n = self.steps
+        return {"own_s": self.own / n if n else None, "wait_s": self.wait / n if n else None}
+
+    def record(self, gathered: list[dict]) -> dict:
+        """results.json's rank_balance, from every rank's note."""
+        return {"own_s": [g.get("own_s") for g in gathered],
+                "wait_s": [g.get("wait_s") for g in gathered], "slow_rank": self.last,
+                "rule": {"window_steps": WINDOW_STEPS, "ratio": RATIO,
+                         "persistence": PERSISTENCE, "min_votes": MIN_VOTES}}
