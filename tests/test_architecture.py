@@ -24,6 +24,7 @@ ALLOWED = {
     "runs": set(),
     # runtime.script hands the user's script hpcsuite.api.
     "runtime": {"submit.spec", "submit.lint", "runs.rundir", "runs.results", "runs.attempts",
+                "runs.stragglers",
                 "api", "models"},
 }
 

@@ -35,3 +35,23 @@ def test_sampler_without_prometheus_writes_nothing(tmp_path):
     time.sleep(0.15)
     assert sampler.stop()[-1]["step"] == 3
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_textfile_carries_each_ranks_own_time_and_wait_and_rank_0_the_slow_rank(tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    for rank, slow in ((0, {"rank": 1}), (1, None)):
+        sampler = Sampler(10, rank=rank, prometheus_dir=str(tmp_path), job="j", host="h")
+        sampler.balance = (0.0016, 0.0002, slow)
+        sampler.write_prometheus(sampler.sample())
+    families = {}
+    for rank in (0, 1):
+        text = (tmp_path / f"hpcsuite-7-rank-{rank}.prom").read_text()
+        families[rank] = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
+    assert families[0]["hpcsuite_step_own_seconds"] == 0.0016
+    assert families[1]["hpcsuite_step_wait_seconds"] == 0.0002
+    assert families[0]["hpcsuite_slow_rank"] == 1 and "hpcsuite_slow_rank" not in families[1]
+    unknown = Sampler(10, rank=0, prometheus_dir=str(tmp_path / "u"), job="j", host="h")
+    unknown.write_prometheus(unknown.sample())          # TensorFlow: not measured, not shown
+    text = (tmp_path / "u" / "hpcsuite-7-rank-0.prom").read_text()
+    assert "hpcsuite_step_own_seconds" not in text and "hpcsuite_slow_rank" not in text

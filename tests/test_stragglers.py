@@ -1,4 +1,4 @@
-"""The slow-rank rule (hpcsuite/runtime/stragglers.py) on recorded and synthetic votes, and the
+"""The slow-rank rule (hpcsuite/runs/stragglers.py) on recorded and synthetic votes, and the
 vote's per-rank own time and wait (hpcsuite/runtime/vote.py)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from hpcsuite.runtime import stragglers, vote
-from hpcsuite.runtime.stragglers import Balance, Sample, Watch, behind, finding, line
+from hpcsuite.runs import stragglers
+from hpcsuite.runtime import vote
+from hpcsuite.runs.stragglers import Balance, Sample, Watch, behind, finding, line
 
 
 def reduce_max(vectors):
@@ -64,7 +65,8 @@ def test_not_enough_steps_or_votes_names_nobody():
 
 def test_a_rank_behind_at_fewer_than_persistence_of_the_votes_is_not_named():
     def window(behind_votes):
-        out = samples(behind_votes, 20, (0.001, 0.002)) + samples(10 - behind_votes, 20, (0.001, 0.001))
+        out = samples(behind_votes, 20, (0.001, 0.002)) + \
+            samples(10 - behind_votes, 20, (0.001, 0.001))
         random.Random(behind_votes).shuffle(out)
         return out
     assert finding(window(7)) is None
@@ -130,3 +132,19 @@ def test_rank_0_keeps_the_newest_named_rank_for_results():
     other = Balance(Timed([]), 1)
     other.start(["n1", "n2"])
     assert other.read((0.001, 0.002), (0.0, 0.0)) is None and other.found is None
+
+
+def test_status_names_the_slow_rank_live_and_from_the_results():
+    from types import SimpleNamespace
+
+    from hpcsuite.runner.status import progress_line, slow_rank_lines
+
+    found = finding(samples(10, 25, (0.001, 0.002), (0.001, 0.0)), ["node1", "node2"])
+    state = SimpleNamespace(state="RUNNING", elapsed="0:12", reason=None, job_id="5")
+    live = progress_line(state, {"step": 300, "slow_rank": found})
+    assert live.endswith("| slow: rank 1 on node2 (2.0x)")
+    assert "slow" not in progress_line(state, {"step": 300, "slow_rank": None})
+    assert slow_rank_lines({"slow_rank": found}, None) == [f"slow rank: {line(found)}"]
+    ended = SimpleNamespace(rank_balance={"slow_rank": None})
+    assert slow_rank_lines({"slow_rank": found}, ended) == []    # the attempt's own word wins
+    assert slow_rank_lines(None, SimpleNamespace(rank_balance={})) == []

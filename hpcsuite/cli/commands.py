@@ -278,9 +278,10 @@ def report(run, out):
     loss.png, throughput.png, and with train.monitor utilisation.png. Prints, for each Horovod
     timeline window (train.monitor.timeline_steps), the time per step of its activities,
     with train.monitor.tensorboard where the event files are and the `tensorboard` command,
-    and with train.monitor on GPUs their energy and whether they were starved for data."""
-    from ..runs.report import (gpu_findings, plot, tensorboard_line, timeline_line,
-                               timeline_summary, timeline_windows)
+    with train.monitor on GPUs their energy and whether they were starved for data, and each
+    rank's own work and allreduce wait per step, naming a rank the others waited for."""
+    from ..runs.report import (gpu_findings, plot, slow_rank_findings, tensorboard_line,
+                               timeline_line, timeline_summary, timeline_windows)
 
     job_id, entry = _find_run(run)
     if entry is None:
@@ -293,7 +294,7 @@ def report(run, out):
     board = tensorboard_line(Path(entry["run_dir"]))
     if board:
         click.echo(board)
-    for line in gpu_findings(Path(entry["run_dir"])):
+    for line in gpu_findings(Path(entry["run_dir"])) + slow_rank_findings(Path(entry["run_dir"])):
         click.echo(line)
 
 

@@ -35,7 +35,23 @@ def progress_line(state, progress: dict | None) -> str:
             parts.append(f"loss {progress['loss']:.4f}")
         if progress.get("attempt"):
             parts.append(f"attempt {progress['attempt']}")
+        slow = progress.get("slow_rank")
+        if isinstance(slow, dict) and slow.get("rank") is not None:
+            where = f" on {slow['host']}" if slow.get("host") else ""
+            parts.append(f"| slow: rank {slow['rank']}{where} ({slow.get('ratio', 0):.1f}x)")
     return " ".join(str(p) for p in parts)
+
+
+def slow_rank_lines(progress: dict | None, results) -> list[str]:
+    """The rank the others wait for: while the job runs (progress.json) or as its attempt
+    ended (results.json's rank_balance)."""
+    from ..runs.stragglers import line
+
+    live = (progress or {}).get("slow_rank") if results is None else \
+        (results.rank_balance or {}).get("slow_rank")
+    if not isinstance(live, dict) or live.get("rank") is None:
+        return []
+    return [f"slow rank: {line(live)}"]
 
 
 def describe_record(r: dict) -> str:
@@ -134,6 +150,7 @@ class StatusRecord(Record):
             if len(r.attempts or []) > 1:
                 out.append(f"  whole run: {describe_run(r)}")
             out += [f"  {line}" for line in gpu_lines(r)]
+        out += [f"  {line}" for line in slow_rank_lines(self.progress, r)]
         if self.records:
             out.append(f"  attempts: {attempts.counts(self.records).describe()}; last: "
                        f"{describe_record(self.records[-1])}")

@@ -40,6 +40,24 @@ def gpu_findings(run_dir: Path) -> list[str]:
     return gpu_lines(load(run_dir))
 
 
+def slow_rank_findings(run_dir: Path) -> list[str]:
+    """The rank the others waited for in the run's last attempt, if one was named
+    (:mod:`.stragglers`), then each rank's own time and wait per step; nothing otherwise."""
+    from .stragglers import line
+
+    balance = load(run_dir).rank_balance or {}
+    slow = balance.get("slow_rank")
+    if not isinstance(slow, dict) or slow.get("rank") is None:
+        return []
+    out = [f"slow rank: {line(slow)}"]
+    own, wait = balance.get("own_s") or [], balance.get("wait_s") or []
+    if own and all(t is not None for t in own):
+        out.append("per rank, own work / wait per step: " + ", ".join(
+            f"{r}: {1e3 * o:.2f}/{1e3 * w:.2f} ms" if w is not None else f"{r}: {1e3 * o:.2f} ms"
+            for r, (o, w) in enumerate(zip(own, wait or [None] * len(own)))))
+    return out
+
+
 def timeline_windows(run_dir: Path) -> list[Path]:
     return RunDir(run_dir).timeline_windows()
 

@@ -109,7 +109,7 @@ class Results:
     samples_per_joule: float | None = None
     # each rank's own time (data, forward, backward, optimizer) and allreduce wait per step,
     # means over the attempt (own_s, wait_s: lists by rank, None where not measured), and the
-    # rank the others waited for, if one was named (runtime/stragglers.py): slow_rank
+    # rank the others waited for, if one was named (runs/stragglers.py): slow_rank
     rank_balance: dict = field(default_factory=dict)
     gradient_tensors: int = 0                               # tensors one step allreduces
     gradient_bytes: int = 0                                 # their size in float32

@@ -30,7 +30,7 @@ from .schedule import learning_rate
 from .session import Collectives, Progress, Session
 from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
-from .stragglers import Balance
+from ..runs.stragglers import Balance
 from .tensorboard import utilisation_values
 
 if TYPE_CHECKING:
@@ -290,9 +290,11 @@ class Trainer:
         if stop is None and s.vote_due(p.step):
             self.settle_losses()
             # The vote carries this step's loss sum too: progress shows the global mean.
+            own, wait = self.balance.at_vote(m.step_times)
+            if self.sampler is not None:       # the Prometheus textfile's gauges
+                self.sampler.balance = (own, wait, self.balance.found)
             s.post_vote(p.step, m.step_times, self.state_bytes(), None,
-                        m.loss_sums[-1] if m.loss_sums else float("nan"),
-                        *self.balance.at_vote(m.step_times))
+                        m.loss_sums[-1] if m.loss_sums else float("nan"), own, wait)
             self.poll_at = (p.step, p.cursor.epoch, step_real)
         if policy.save_due(p.step, save):
             self.save(p, s.stop_reason if stop else "interval")

@@ -39,6 +39,9 @@ class Sampler:
         self.proc.cpu_percent(None)          # the first call only starts the measurement
         self.samples: list[dict] = []
         self.progress = None                 # the loop's Progress: its step is read, not set
+        # (own, wait) seconds per step at the rank's last vote and rank 0's slow-rank finding:
+        # set by the loop, read for the Prometheus textfile
+        self.balance: tuple = (None, None, None)
         self.gpu = self._nvml(device)
         self.energy_j: float | None = None   # the GPU's joules from start() to stop()
         self._energy0: int | None = None
@@ -147,6 +150,15 @@ class Sampler:
             gauge("hpcsuite_gpu_utilization_percent", "the rank's GPU utilisation", s["gpu_percent"])
             gauge("hpcsuite_gpu_memory_used_bytes", "the rank's GPU memory in use",
                   s["gpu_memory_bytes"])
+        own, wait, slow = self.balance
+        if own is not None:
+            gauge("hpcsuite_step_own_seconds", "the rank's own work per step (data, forward, "
+                  "backward, optimizer), at its last vote", own)
+            gauge("hpcsuite_step_wait_seconds", "the rank's wait per step in the gradients' "
+                  "allreduce, at its last vote", wait)
+        if self.rank == 0 and own is not None:
+            gauge("hpcsuite_slow_rank", "the rank the others wait for (runs/stragglers.py's "
+                  "rule), -1 for none", slow["rank"] if slow else -1)
         write_to_textfile(str(self.prom_path), registry)   # a temporary file, then a rename
 
 

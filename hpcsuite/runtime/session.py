@@ -159,7 +159,8 @@ class Session:
         """Post this rank's vote at ``tick`` (a step, or a call of the script's should_stop):
         stop (the flag, or rank 0's clock), save (every_minutes passed), the next interval
         from ``times`` (recent step times), ``loss_sum``, which progress shows, and this
-        rank's ``own`` time and allreduce ``wait`` per step (:mod:`.stragglers`)."""
+        rank's ``own`` time and allreduce ``wait`` per step
+        (:mod:`hpcsuite.runs.stragglers`)."""
         wants_stop = self.flag.raised or self.time_limit_near(times, state_bytes, vote_seconds)
         if wants_stop and self.noticed_step is None:
             self.noticed_step = self.progress.step

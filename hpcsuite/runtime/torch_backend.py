@@ -282,9 +282,9 @@ class TorchBackend(HorovodBackend):
 
     def synchronize(self) -> None:
         """Wait for this step's gradient allreduces, timed: the wait for the other ranks (and
-        the transfer), apart from this rank's own work (:mod:`.stragglers`). On a GPU the
-        compute stream is drained first, so the wait starts when this rank's backward is done,
-        not when its kernels were queued."""
+        the transfer), apart from this rank's own work (:mod:`hpcsuite.runs.stragglers`). On a
+        GPU the compute stream is drained first, so the wait starts when this rank's backward
+        is done, not when its kernels were queued."""
         if not self.t.horovod.allreduce:
             return
         if self.on_cuda:

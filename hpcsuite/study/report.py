@@ -158,12 +158,7 @@ def analyse(sd: StudyDir) -> dict:
         row[f"{prefix}step_times"] += rank_step_times(sd, point, state[point.id], results,
                                                       study.warmup_steps, study.steps)
         if point.kind == "train":
-            row["jobs"].append(state[point.id]["job_id"])
-            for key in ("energy_j", "samples_per_joule"):    # GPUs with train.monitor
-                if isinstance(results.get(key), (int, float)):
-                    row[key].append(results[key])
-            row["results"] = row["results"] or results
-            row["job"] = row["job"] or _job(sd, point, state[point.id])
+            _add_train(row, results, sd, point, state[point.id])
     rows = sorted(configs.values(), key=lambda r: (r["series"], r["ranks"], r["config"]))
     for row in rows:
         for key in ("throughput", "limit_throughput", "step_s", "limit_step_s", "energy_j",
@@ -213,6 +208,19 @@ SPREAD_FLAG = 1.25
 LIMIT_GROWTH_FLAG = 0.75
 
 
+def _add_train(row: dict, results: dict, sd: StudyDir, point: Point, entry: dict) -> None:
+    """A training point's job, energy, results and any slow rank named, into its row."""
+    row["jobs"].append(entry["job_id"])
+    for key in ("energy_j", "samples_per_joule"):    # GPUs with train.monitor
+        if isinstance(results.get(key), (int, float)):
+            row[key].append(results[key])
+    row["results"] = row["results"] or results
+    row["job"] = row["job"] or _job(sd, point, entry)
+    slow = (results.get("rank_balance") or {}).get("slow_rank")
+    if isinstance(slow, dict) and slow.get("rank") is not None:
+        row.setdefault("slow_ranks", []).append(slow)
+
+
 def flags(row: dict, base: dict | None, mode: str) -> list[str]:
     """Why a configuration's overhead cannot be read as communication; [] when it can."""
     out = []
@@ -221,6 +229,10 @@ def flags(row: dict, base: dict | None, mode: str) -> list[str]:
         if t["n"] >= 2 and t["min"] and t["max"] / t["min"] > SPREAD_FLAG:
             out.append(f"{what} spread {t['max'] / t['min']:.2f}x (more than {SPREAD_FLAG}x): "
                        "they did not measure one thing")
+    for slow in row.get("slow_ranks", []):      # runs/stragglers.py named one in a repeat
+        from ..runs.stragglers import line
+
+        out.append(f"slow rank in a repeat: {line(slow)}")
     lim = row["limit_throughput"]["median"]
     base_lim = base and base["limit_throughput"]["median"]
     # Strong scaling shrinks each rank's batch, which alone slows the limit's growth.
