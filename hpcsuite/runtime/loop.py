@@ -376,7 +376,8 @@ class Trainer:
                                    **self.balance.note()))
         per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
-                    "data_time_s": m.data_times, "param_checksum": checksum}
+                    "data_time_s": m.data_times, "param_checksum": checksum,
+                    **self.balance.note()}    # own work and allreduce wait per step
         if self.b.rank != 0:
             return per_rank, None
         self.energy = energy_record([g["energy_j"] for g in gathered],
