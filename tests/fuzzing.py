@@ -338,8 +338,12 @@ def cli_cases(draw) -> list[str]:
         extra = ["-n", draw(st.sampled_from(["5", "-1", "x", "999999999999"]))] if sub == "logs" \
             and draw(st.booleans()) else []
         return [sub, ident, *extra]
-    if kind == 4:
+    if kind == 4 and draw(st.booleans()):
         return ["completion", draw(st.one_of(st.sampled_from(["bash", "zsh", "fish"]), word))]
+    if kind == 4:
+        value = st.sampled_from(["0", "0.02", "0.999", "1", "-0", "1e-3", "nan", "inf", "1e309"])
+        return ["study", "predict", "--params", "1000", "--step-ms", "10", "--nodes", "1,2",
+                "--fabric", "ib-hdr", "--compute-cv", draw(st.one_of(value, word))]
     return draw(st.lists(word, max_size=3))
 
 

@@ -221,6 +221,10 @@ _POSITIVE = click.FloatRange(min=0.0, min_open=True)
               "nodes and across nodes).")
 @click.option("--threshold", type=click.FloatRange(0.0, 1.0), default=0.8, show_default=True,
               help="Report the first node count whose efficiency falls under this.")
+@click.option("--compute-cv", metavar="CV", help="The coefficient of variation of one rank's "
+              "compute per step (0 <= CV < 1): a step waits for the slowest of N ranks. "
+              "Default: the study's measured ranks, else 0.0148 (GPU-to-GPU variation, "
+              "Sinha et al. SC'22).")
 @click.option("--csv", "csv_path", type=FilePath(dir_okay=False), help="Write the rows here.")
 @click.option("--png", "png_path", type=FilePath(dir_okay=False), help="Write the efficiency "
               "plot here (one line per knob setting).")
@@ -228,8 +232,8 @@ _POSITIVE = click.FloatRange(min=0.0, min_open=True)
 @profile_option
 def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_node, params,
                 model_bytes, step_ms, throughput, batch, tensors, backward_fraction, cycle_ms,
-                fusion_mb, fp16, accumulation, hierarchical, threshold, csv_path, png_path,
-                as_json, profile_path):
+                fusion_mb, fp16, accumulation, hierarchical, threshold, compute_cv, csv_path,
+                png_path, as_json, profile_path):
     """Predict throughput and scaling efficiency at each of --nodes on a described fabric.
 
     From a measured study (TARGET: its directory: gradient bytes from its results, the step
@@ -238,26 +242,30 @@ def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_
     the wire in fusion-threshold buckets at Horovod's cycle ticks, one at a time, each a ring
     allreduce (flat, or hierarchical) costed by the fabric's bandwidth and latency. Each knob
     (fp16, accumulation, fusion, cycle, hierarchical) is also tried alone; the one that helps
-    most at the largest node count is named.
+    most at the largest node count is named. Every step waits for the slowest rank: the
+    expected slowest of N per-rank computations, each varying by --compute-cv.
 
     \b
       hpcsuite study predict --params 25557032 --throughput 360 --batch 64 \\
           --nodes 1,2,4,8,16,32 --gpus-per-node 8 --fabric ib-hdr --intra-node nvlink-a100
     """
     from ..study.predict import Knobs, predict
-    from ..study.predict_io import fabric_for, parse_nodes, table, workload_for, write
+    from ..study.predict_io import (fabric_for, parse_cv, parse_nodes, spread_for, table,
+                                    workload_for, write)
 
-    node_list = parse_nodes(nodes)
+    node_list, given_cv = parse_nodes(nodes), parse_cv(compute_cv)
     chosen = fabric_for(fabric, bandwidth, latency, intra_node, hierarchical,
                         None if fabric or bandwidth is not None else _site_fabric(profile_path))
     workload = workload_for(target, params, model_bytes, step_ms, throughput, batch,
                             backward_fraction, tensors)
+    workload, spread_source = spread_for(target, workload, given_cv)
     knobs = Knobs(cycle_ms, fusion_mb, fp16, accumulation, hierarchical)
     if fusion_mb == 0 and not workload.tensors:
         from ..errors import UserError
 
         raise UserError("--fusion-mb: 0 (fusion off) needs --tensors (how many allreduces)")
-    result = predict(workload, node_list, gpus_per_node, chosen, knobs, threshold)
+    result = predict(workload, node_list, gpus_per_node, chosen, knobs, threshold,
+                     spread_source)
     paths = write(result, csv_path, None, png_path)
     if as_json:
         emit_json(result)

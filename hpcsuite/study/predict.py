@@ -18,6 +18,14 @@ N = nodes x gpus_per_node GPUs, each computing the same per-GPU batch:
 * **steps back to back** (:func:`steady_step_s`, what :func:`point` reports): the cycle keeps
   its own clock, so the next step's ticks sit where this step's last allreduce left them.
 
+* **the slowest rank** (:func:`slowest_factor`): the ranks meet at every allreduce, so a step's
+  computation is the slowest of N ranks'. Each rank's compute per micro-batch is taken as
+  independent and normal around ``step_s`` with coefficient of variation ``compute_cv``
+  (per rank, per step); the slowest of N then takes step_s x (1 + cv/sqrt(k) x e_N) in
+  expectation, e_N the expected largest of N standard normals (:func:`expected_max_normal`:
+  0 for one rank, 0.56 for 2, 2.59 for 128, 3.04 for 512), and its gradients become ready
+  that much later. cv 0 is every rank equally fast.
+
 Efficiency(N) = throughput(N) / (N x throughput(1 GPU)) = k x step_s / step(N).
 """
 
@@ -25,7 +33,9 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..fabrics import Fabric
 
@@ -35,13 +45,16 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class Workload:
     """What one GPU does: ``gradient_bytes`` (float32) per step, ``step_s`` per micro-batch of
-    ``batch`` samples; ``tensors``: how many gradient tensors (needed with fusion off)."""
+    ``batch`` samples (the mean over ranks and steps); ``tensors``: how many gradient tensors
+    (needed with fusion off); ``compute_cv``: the coefficient of variation of one rank's
+    compute per micro-batch (:func:`slowest_factor`)."""
 
     gradient_bytes: float
     step_s: float
     batch: int
     backward_fraction: float = 2 / 3
     tensors: int | None = None
+    compute_cv: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,66 @@ class Knobs:
         return (f"cycle {self.cycle_ms:g} ms, fusion {self.fusion_mb:g} MB, "
                 f"{'fp16' if self.fp16 else 'fp32'} gradients, accumulation {self.accumulation}, "
                 f"{'hierarchical' if self.hierarchical else 'flat'} allreduce")
+
+
+# The per-rank compute spread `study predict` assumes when it is given none and measured none:
+# Sinha et al., "Not All GPUs Are Created Equal" (SC'22, arXiv:2208.11035) find an 8 % average
+# performance variation among GPUs of one SKU in four clusters (outliers, up to 1.5x slower,
+# apart). Read as the whisker-to-whisker range of their box plots, a normal spread's range is
+# 2 x 2.698 sigma (Q3 + 1.5 IQR = 0.6745 + 1.5 x 1.349 sigma), so sigma/mean = 0.08 / 5.396.
+# It is variation between GPUs, which a step pays like jitter: the same GPU is the slowest
+# each step. Step-to-step jitter on top of it would add in quadrature; none is assumed.
+DEFAULT_COMPUTE_CV = 0.08 / (2 * 2.698)
+
+
+@lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals]: the integral of x n phi(x) Phi(x)^(n-1) over
+    x, by Simpson's rule on [-12, 12] in steps of 0.002 (Phi^(n-1) as exp((n-1) log Phi), Phi
+    from erfc, so that it holds for n up to 10^9). 0 for n = 1; 1/sqrt(pi) for n = 2; grows
+    like sqrt(2 ln n)."""
+    if n < 1:
+        raise ValueError(f"the largest of {n} ranks")
+    if n == 1:
+        return 0.0
+    lo, hi, steps = -12.0, 12.0, 12_000
+    h, total = (hi - lo) / steps, 0.0
+    for i in range(steps + 1):
+        x = lo + i * h
+        tail = 0.5 * math.erfc(x / math.sqrt(2))               # 1 - Phi(x), exact for large x
+        log_cdf = math.log1p(-tail) if x > 0 else math.log(0.5 * math.erfc(-x / math.sqrt(2)))
+        density = n * math.exp(-x * x / 2 + (n - 1) * log_cdf) / math.sqrt(2 * math.pi)
+        weight = 1 if i in (0, steps) else (4 if i % 2 else 2)
+        total += weight * x * density
+    return total * h / 3
+
+
+def slowest_factor(cv: float, ranks: int, accumulation: int = 1) -> float:
+    """The slowest of ``ranks`` ranks' compute per optimizer step over the mean one's:
+    1 + cv / sqrt(k) x e_N. With accumulation k a rank's step is k independent micro-batches,
+    whose sum varies by cv / sqrt(k) of its mean."""
+    if not 0 <= cv < 1:
+        raise ValueError(f"compute cv {cv} is not in [0, 1)")
+    if cv == 0 or ranks < 2:
+        return 1.0
+    return 1 + cv / math.sqrt(accumulation) * expected_max_normal(ranks)
+
+
+def pooled_cv(per_rank: list[list[float]]) -> tuple[float, int] | None:
+    """The per-step coefficient of variation of compute, pooled over ranks, and how many steps
+    it rests on: each rank's steps as deviations from that rank's own median, relative to it
+    (a rank persistently slower than the others is not step-to-step spread), the root mean
+    square of all of them. Ranks with fewer than two positive steps are left out; None when
+    none is left."""
+    squares, count = 0.0, 0
+    for times in per_rank:
+        times = [t for t in times if t > 0]
+        if len(times) < 2:
+            continue
+        middle = statistics.median(times)
+        squares += sum(((t - middle) / middle) ** 2 for t in times)
+        count += len(times)
+    return (math.sqrt(squares / count), count) if count else None
 
 
 def ring_s(nbytes: float, ranks: int, bandwidth_Bps: float, steps_latency_s: float) -> float:
@@ -225,13 +298,17 @@ def _back_to_back(workload_of_step, count: int, nodes: int, gpus_per_node: int,
 def point(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
           knobs: Knobs) -> dict:
     """One row: step, throughput (samples/s) and efficiency at one node count, steps run back
-    to back (:func:`steady_step_s`)."""
-    step = steady_step_s(workload, nodes, gpus_per_node, fabric, knobs)
+    to back (:func:`steady_step_s`), every rank's computation the slowest rank's
+    (:func:`slowest_factor`); the efficiency is against one GPU at its mean compute."""
     gpus = nodes * gpus_per_node
+    slowest = replace(workload, step_s=workload.step_s * slowest_factor(
+        workload.compute_cv, gpus, knobs.accumulation))
+    step = steady_step_s(slowest, nodes, gpus_per_node, fabric, knobs)
     samples = gpus * knobs.accumulation * workload.batch
     return {"nodes": nodes, "gpus": gpus, "step_ms": step * 1000,
             "throughput": samples / step,
-            "efficiency": knobs.accumulation * workload.step_s / step}
+            "efficiency": knobs.accumulation * workload.step_s / step,
+            "slowest_compute_ms": knobs.accumulation * slowest.step_s * 1000}
 
 
 def alternatives(knobs: Knobs, workload: Workload, gpus_per_node: int) -> dict[str, Knobs]:
@@ -261,10 +338,11 @@ HELPS = 0.005
 
 
 def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fabric,
-            knobs: Knobs, threshold: float = 0.8) -> dict:
+            knobs: Knobs, threshold: float = 0.8, spread_source: str = "") -> dict:
     """Every knob setting at every node count, the knob that helps most at the largest node
     count (if any gains :data:`HELPS` or more), and the first node count where the current
-    settings' efficiency is below ``threshold``."""
+    settings' efficiency is below ``threshold``; ``spread_source`` says where the workload's
+    ``compute_cv`` came from."""
     settings = alternatives(knobs, workload, gpus_per_node)
     series = {name: [point(workload, n, gpus_per_node, fabric, k) for n in nodes]
               for name, k in settings.items()}
@@ -279,7 +357,8 @@ def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fa
             "workload": {"gradient_bytes": workload.gradient_bytes,
                          "step_ms": workload.step_s * 1000, "batch": workload.batch,
                          "backward_fraction": workload.backward_fraction,
-                         "tensors": workload.tensors},
+                         "tensors": workload.tensors, "compute_cv": workload.compute_cv,
+                         "compute_cv_source": spread_source},
             "knobs": {name: k.label() for name, k in settings.items()},
             "series": series, "threshold": threshold, "below_threshold_at_nodes": below,
             "best_knob": ({"knob": best, "efficiency": series[best][-1]["efficiency"],

@@ -7,10 +7,11 @@ import csv
 import io
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
-from .predict import HELPS, Workload
+from .predict import DEFAULT_COMPUTE_CV, HELPS, Workload, pooled_cv
 
 
 def workload_from_study(target: str, backward_fraction: float,
@@ -52,7 +53,79 @@ def workload_from_study(target: str, backward_fraction: float,
                     "time and gradient bytes; run the study first, or give --params/--step-ms")
 
 
-COLUMNS = ["setting", "nodes", "gpus", "step_ms", "throughput", "efficiency"]
+def parse_cv(text: str | None) -> float | None:
+    """``--compute-cv 0.02``: a number at least 0 and under 1, or None when not given."""
+    if text is None:
+        return None
+    try:
+        cv = float(text)
+    except ValueError:
+        cv = float("nan")
+    if not 0 <= cv < 1:                                  # NaN fails too
+        raise UserError(f"--compute-cv: {text[:40]!r} is not a number at least 0 and under 1 (the "
+                        "coefficient of variation of one rank's compute per step, e.g. 0.02)")
+    return cv
+
+
+def spread_for(target: str | None, workload: Workload,
+               given: float | None) -> tuple[Workload, str]:
+    """The workload with its per-rank compute spread, and where the spread came from: the
+    given ``--compute-cv``; else the study's measured points (:func:`study_spread`); else
+    :data:`~hpcsuite.study.predict.DEFAULT_COMPUTE_CV`."""
+    if given is not None:
+        return replace(workload, compute_cv=given), "given (--compute-cv)"
+    if target:
+        measured = study_spread(target, workload.batch)
+        if measured is not None:
+            cv, steps, ranks, points = measured
+            if cv >= 1:
+                raise UserError(f"{target}: its ranks' compute varies by cv {cv:.2f} per step "
+                                "(1 or more): give the spread to assume with --compute-cv")
+            return replace(workload, compute_cv=cv), (
+                f"measured: {steps} steps of {ranks} rank(s) in {points} point(s) of the "
+                "study, each rank around its own median")
+    return replace(workload, compute_cv=DEFAULT_COMPUTE_CV), (
+        "default: 8 % variation among GPUs of one SKU (Sinha et al., SC'22) read as a "
+        "normal's whisker range")
+
+
+def study_spread(target: str, batch: int) -> tuple[float, int, int, int] | None:
+    """(cv, steps, ranks, points) of the study's no-communication limits and 1-rank training
+    points at ``batch`` samples per rank (the points its workload comes from): every rank's
+    measured steps (its rank record; rank 0's results where the records are missing), pooled
+    by :func:`~hpcsuite.study.predict.pooled_cv`; None when they hold no spread."""
+    from ..runs.rundir import RunDir
+    from .points import open_study
+    from .report import _results, measured_steps
+
+    sd = open_study(target)
+    study, state = sd.study(), sd.state()
+    per_rank, points = [], 0
+    for point in sd.points():
+        if not (point.kind == "limit" or (point.kind == "train" and point.ranks == 1)):
+            continue
+        results = _results(sd, point, state.get(point.id, {}))
+        if not results or int(results.get("batch_size_per_rank") or 1) != batch:
+            continue
+        run, ranks = RunDir(sd.run_dir(point, state[point.id]["job_id"])), []
+        for rank in range(int(results.get("world_size") or 1)):
+            try:
+                times = json.loads(run.rank_record(rank).read_text()).get("step_time_s")
+            except (OSError, ValueError, AttributeError):
+                times = results.get("step_times_s") if rank == 0 else None
+            if isinstance(times, list):
+                ranks.append([t for t in measured_steps(times, study.warmup_steps, study.steps)
+                              if isinstance(t, (int, float))])
+        per_rank += ranks
+        points += bool(ranks)
+    pooled = pooled_cv(per_rank)
+    if pooled is None:
+        return None
+    return pooled[0], pooled[1], sum(1 for r in per_rank if len(r) >= 2), points
+
+
+COLUMNS = ["setting", "nodes", "gpus", "step_ms", "throughput", "efficiency",
+           "slowest_compute_ms"]
 
 
 def rows(result: dict) -> list[dict]:
@@ -61,14 +134,17 @@ def rows(result: dict) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    w = result["workload"]
+    w, current = result["workload"], result["series"]["current"]
     lines = [f"fabric: {result['fabric']}, {result['gpus_per_node']} GPU(s) per node",
              f"workload: {w['gradient_bytes'] / 1e6:.1f} MB of float32 gradients, "
              f"{w['step_ms']:.1f} ms per micro-batch of {w['batch']} on one GPU",
-             f"current: {result['knobs']['current']}", "",
+             f"current: {result['knobs']['current']}",
+             f"per-rank compute spread: cv {w['compute_cv']:.4f} per step, "
+             f"{w['compute_cv_source'] or 'as given'}",
+             f"a step waits for the slowest GPU's compute: "
+             f"{current[-1]['slowest_compute_ms']:.1f} ms at {current[-1]['gpus']} GPUs", "",
              f"{'nodes':>6} {'GPUs':>6} {'step ms':>9} {'samples/s':>11} {'eff':>6}   "
              + "  ".join(f"{n[:18]:>18}" for n in result["series"] if n != "current")]
-    current = result["series"]["current"]
     for i, row in enumerate(current):
         others = "  ".join(f"{s[i]['efficiency']:>18.3f}" for n, s in result["series"].items()
                            if n != "current")
