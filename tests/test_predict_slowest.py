@@ -141,7 +141,8 @@ def test_the_command_states_the_spread_and_its_source():
     default = run()
     assert default.exit_code == 0, default.output
     assert f"per-rank compute spread: cv {DEFAULT_COMPUTE_CV:.4f} per step, default: " \
-        "8 % variation among GPUs of one SKU (Sinha et al., SC'22)" in default.output
+        "8 % variation among GPUs of one SKU (Sinha et al., arXiv:2208.11035v3)" in \
+        default.output
     assert "a step waits for the slowest GPU's compute: " in default.output
     # cv 0 is the model of every rank equally fast.
     zero = json.loads(run("--compute-cv", "0", "--json").output)["series"]["current"]

@@ -224,7 +224,7 @@ _POSITIVE = click.FloatRange(min=0.0, min_open=True)
 @click.option("--compute-cv", metavar="CV", help="The coefficient of variation of one rank's "
               "compute per step (0 <= CV < 1): a step waits for the slowest of N ranks. "
               "Default: the study's measured ranks, else 0.0148 (GPU-to-GPU variation, "
-              "Sinha et al. SC'22).")
+              "Sinha et al. arXiv:2208.11035v3).")
 @click.option("--csv", "csv_path", type=FilePath(dir_okay=False), help="Write the rows here.")
 @click.option("--png", "png_path", type=FilePath(dir_okay=False), help="Write the efficiency "
               "plot here (one line per knob setting).")

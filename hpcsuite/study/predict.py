@@ -75,9 +75,10 @@ class Knobs:
 
 
 # The per-rank compute spread `study predict` assumes when it is given none and measured none:
-# Sinha et al., "Not All GPUs Are Created Equal" (SC'22, arXiv:2208.11035) find an 8 % average
-# performance variation among GPUs of one SKU in four clusters (outliers, up to 1.5x slower,
-# apart). Read as the whisker-to-whisker range of their box plots, a normal spread's range is
+# Sinha et al., "Not All GPUs Are Created Equal" (arXiv:2208.11035v3; SC'22) find an 8 % average
+# performance variation among GPUs of one SKU in five clusters (outliers, up to 1.5x slower,
+# apart; the SC'22 abstract gives 32 %, max 72 %, over four of them). Read as the
+# whisker-to-whisker range of their box plots, a normal spread's range is
 # 2 x 2.698 sigma (Q3 + 1.5 IQR = 0.6745 + 1.5 x 1.349 sigma), so sigma/mean = 0.08 / 5.396.
 # It is variation between GPUs, which a step pays like jitter: the same GPU is the slowest
 # each step. Step-to-step jitter on top of it would add in quadrature; none is assumed.

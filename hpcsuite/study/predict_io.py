@@ -85,8 +85,8 @@ def spread_for(target: str | None, workload: Workload,
                 f"measured: {steps} steps of {ranks} rank(s) in {points} point(s) of the "
                 "study, each rank around its own median")
     return replace(workload, compute_cv=DEFAULT_COMPUTE_CV), (
-        "default: 8 % variation among GPUs of one SKU (Sinha et al., SC'22) read as a "
-        "normal's whisker range")
+        "default: 8 % variation among GPUs of one SKU (Sinha et al., arXiv:2208.11035v3) "
+        "read as a normal's whisker range")
 
 
 def study_spread(target: str, batch: int) -> tuple[float, int, int, int] | None:
