@@ -111,6 +111,12 @@ SPEC_FIELDS = {
     "train.horovod.cycle_time_ms": (st.floats(0, 100), st.floats(-1, -0.1)),
     "train.startup_timeout_seconds": (st.integers(0, 3600), st.integers(-5, -1)),
     "train.seed": (st.integers(0, 2**32 - 1), st.integers(2**32, 2**40)),
+    # sbatch/profile.yaml names no fabric: "site" is refused there, as is gpu without GPUs.
+    "preflight.fabric.min_busbw_gbps": (st.floats(0.01, 1000), st.sampled_from(
+        ["site", 0, -1, "fast", True, 1e6])),
+    "preflight.fabric.size_mb": (st.integers(1, 64), st.integers(-3, 0)),
+    "preflight.gpu": (st.just(False), st.sampled_from([True, "yes", 1])),
+    "preflight.gpu_free_gib": (st.floats(0, 80), st.floats(-5, -0.1)),
     "train.model": (st.sampled_from(["mlp", "resnet"]),
                     st.sampled_from(["net.py:build", "../x.py:f", "a b.py:f", "pkg.mod:", "x.py:1f"])),
     "train.loss": (st.just("cross_entropy"), st.sampled_from(["mse", "nope.py:f", "hinge"])),
@@ -208,7 +214,9 @@ PROFILE_FIELDS = {   # key: (valid values, wrong ones)
         "resources": st.fixed_dictionaries({}, optional={
             "partition": st.sampled_from(["batch", "other"]),
             "time": st.sampled_from(["00:20:00", "45"])}),
-        "env": st.dictionaries(GOOD_ENV_NAMES, hostile_text, max_size=2)}),
+        "env": st.dictionaries(GOOD_ENV_NAMES, hostile_text, max_size=2),
+        "preflight": st.fixed_dictionaries({"fabric": st.fixed_dictionaries(
+            {"min_busbw_gbps": st.sampled_from([1, 2.5])})})}),
         st.fixed_dictionaries({"resources": st.fixed_dictionaries({"time": hostile_text})})),
     "container": (st.fixed_dictionaries({"runtime": st.sampled_from(
         ["apptainer", "singularity", "pyxis", "charliecloud"])}, optional={
@@ -221,7 +229,8 @@ PROFILE_FIELDS = {   # key: (valid values, wrong ones)
             "binds": st.lists(hostile_text, min_size=1, max_size=2),
             "python": hostile_text})),
     "locked": (st.lists(st.sampled_from(["resources.partition", "resources", "env.NOTE",
-                                         "train.horovod", "site.python", "site.setup"]), max_size=3),
+                                         "train.horovod", "site.python", "site.setup",
+                                         "preflight"]), max_size=3),
                st.lists(st.sampled_from(["resources.partitoin", "site.nosuch", "launcher."]),
                         min_size=1, max_size=2)),
 }
@@ -264,6 +273,8 @@ def profile_cases(draw) -> tuple[bytes, bytes]:
                                                             "reg.io#ml/x:1", "/home/me/x.sif"]))}
         if draw(st.booleans()):
             spec["launcher"] = "srun"
+    if draw(st.integers(0, 4)) == 0:
+        spec["preflight"] = {"fabric": {"min_busbw_gbps": draw(st.sampled_from([0.5, "site"]))}}
     if draw(st.integers(0, 3)) == 0:
         spec.setdefault("resources", {})["time"] = draw(st.sampled_from(["00:30:00", "3:00:00", "0"]))
     return (text.encode("utf-8", "surrogatepass"),

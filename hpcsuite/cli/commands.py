@@ -361,6 +361,19 @@ def train(job_path):
     train_main(job_path)
 
 
+@main.command(hidden=True)
+@click.option("--job", "job_path", required=True, type=FilePath(dir_okay=False),
+              help="The resolved job (job.json) the sbatch script wrote.")
+@click.option("--min-busbw-gbps", type=click.FloatRange(0, None), default=None,
+              help="The bus bandwidth every node pair must reach (GB/s).")
+def preflight(job_path, min_busbw_gbps):
+    """In-job step before training (the spec's preflight): node pairs' allreduce bandwidth and
+    each rank's GPU health; exit 2 naming what failed (hpcsuite.runtime.preflight_step)."""
+    from ..runtime.preflight_step import main as preflight_main
+
+    raise click.exceptions.Exit(preflight_main(job_path, min_busbw_gbps))
+
+
 @main.group(hidden=True)
 def attempt():
     """In-job bookkeeping the batch script calls around each attempt (hpcsuite.runs.attempts)."""

@@ -31,6 +31,8 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             tensorboard/                 rank 0's TensorBoard event files, one per attempt, all
                                          in one log directory (train.monitor.tensorboard)
             allreduce.json allreduce.csv the allreduce benchmark's report (hpcsuite bench)
+            preflight.json               the preflight step's figures (preflight: node pairs'
+                                         busbw, each rank's GPU health), the newest attempt's
             loss.png throughput.png ...  `hpcsuite report`
         ARRAYID_INDEX/                   RunDir of an element of a job array (``hpcsuite sweep``),
                                          named as Slurm names the element (element_id): a
@@ -77,6 +79,7 @@ HOROVOD_TIMELINE = "horovod-timeline.json"
 HOROVOD_AUTOTUNE_LOG = "horovod-autotune.csv"
 ALLREDUCE = "allreduce.json"
 ALLREDUCE_CSV = "allreduce.csv"
+PREFLIGHT = "preflight.json"
 LOSS_PLOT = "loss.png"
 THROUGHPUT_PLOT = "throughput.png"
 UTILISATION_PLOT = "utilisation.png"
@@ -356,6 +359,10 @@ class RunDir:
     @property
     def allreduce_csv(self) -> Path:
         return self.path / ALLREDUCE_CSV
+
+    @property
+    def preflight(self) -> Path:
+        return self.path / PREFLIGHT
 
     def plot(self, name: str) -> Path:
         return self.path / name

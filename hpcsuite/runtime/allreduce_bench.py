@@ -45,10 +45,10 @@ from pathlib import Path
 # Run as a script (runpy.run_path): absolute imports only.
 from hpcsuite.allreduce import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
+from hpcsuite.runtime.collective_timing import time_op  # noqa: E402
 from hpcsuite.runtime.shm import private_shm  # noqa: E402
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
-MAX_ITERATIONS = 100_000
 
 CSV_COLUMNS = ("bytes", "horovod_s", "mpi_s", "horovod_busbw", "mpi_busbw", "busbw_ratio",
                "horovod_algbw", "mpi_algbw", "horovod_iterations", "mpi_iterations")
@@ -67,44 +67,6 @@ def write_csv(report: dict, path: Path) -> None:
 
 
 # ------------------------------------------------------------------ measuring (ranks)
-def _calls(op, count: int) -> float:
-    start = time.perf_counter()
-    for _ in range(count):
-        op()
-    return time.perf_counter() - start
-
-
-def time_op(op, comm, budget_s: float, repeats: int, warmup: int) -> dict:
-    """Median over ``repeats`` runs of the slowest rank's mean seconds per call of ``op`` (a
-    collective every rank calls), with about ``budget_s`` seconds of timed calls in all.
-
-    Every count is agreed on through the slowest rank's time, so all ranks make the same number
-    of calls. After ``warmup`` calls (the first touches fresh pages and builds Horovod's cache
-    entry) the count doubles until a batch takes a tenth of a run, as timeit's autorange does;
-    each run's count then comes from the previous run, so one slow spell on a shared machine
-    cannot stretch the sweep far past its budget."""
-    from mpi4py import MPI
-
-    _calls(op, warmup)
-    per_run = budget_s / repeats
-    count = 1
-    while True:
-        took = comm.allreduce(_calls(op, count), op=MPI.MAX)
-        if took >= per_run / 10 or count >= MAX_ITERATIONS:
-            break
-        count *= 2
-    per_call = took / count
-    runs, counts = [], []
-    for _ in range(repeats):
-        count = int(max(1, min(MAX_ITERATIONS, per_run / max(per_call, 1e-9))))
-        comm.Barrier()
-        per_call = comm.allreduce(_calls(op, count) / count, op=MPI.MAX)
-        runs.append(per_call)
-        counts.append(count)
-    return {"seconds": float(statistics.median(runs)), "iterations": sum(counts),
-            "repeats_s": runs}
-
-
 def _check(label: str, size: int, got: float, n: int) -> None:
     expected = n * (n + 1) / 2
     if got != expected:

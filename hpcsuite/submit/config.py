@@ -333,6 +333,8 @@ def check_site_rules(job: JobSpec, profile: SiteProfile, origins: dict[str, str]
         # A launcher left at its default is refused where the image was asked for.
         where = key if origins.get(f"job.{key}", "builtin") != "builtin" else "container.image"
         raise ConfigError(_source_of(f"job.{where}", origins, layers), key, message)
+    from .preflight import check_site   # the file that asked names the key
+    check_site(job, profile, origins, lambda key: _source_of(key, origins, layers))
     if "NONE" in r.mail_type and len(r.mail_type) > 1:
         refuse("resources.mail_type", "NONE cannot be combined with other mail types")
     allowed = profile.sbatch_allowed

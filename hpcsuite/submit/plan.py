@@ -11,7 +11,7 @@ from pathlib import Path
 from ..records import Record, record
 from .. import __version__
 from ..runs import rundir
-from . import containers
+from . import containers, preflight
 from .containers import ContainerLaunch
 from .launchers import LaunchContext, get_launcher
 from .site_profile import SiteProfile
@@ -242,6 +242,19 @@ def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[s
                           f"partition {partition_name} allows ({partition.max_time})")
 
 
+def launch_line(job: JobSpec, profile: SiteProfile, args: list, environment: dict
+                ) -> tuple[str, ContainerLaunch]:
+    """The launcher's command that runs ``python ARGS`` on every rank (in the job's container
+    when it has one), and the container's launch."""
+    container = ContainerLaunch(command=(profile.interpreter(), *args))
+    if job.container.image is not None:
+        container = containers.launch(job, profile.container, args)
+    ctx = LaunchContext(job=job, mpi=profile.mpi, command=container.command,
+                        env_names=("PATH", rundir.ENV, *container.env_names, *environment),
+                        srun_options=container.srun_options)
+    return join(get_launcher(job.launcher).argv(ctx)), container
+
+
 def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
          locks: tuple[str, ...] = (), array: ArrayPlan | None = None) -> BatchRequest:
     """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks);
@@ -249,13 +262,8 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
     element's script must then come out the same: :mod:`hpcsuite.sweep` checks)."""
     environment = {**horovod_environment(job), **mpi_environment(job, profile), **job.env}
     args = ["-m", "hpcsuite", "train", "--job", Raw(rundir.in_shell(rundir.JOB))]
-    container = ContainerLaunch(command=(profile.interpreter(), *args))
-    if job.container.image is not None:
-        container = containers.launch(job, profile.container, args)
-    ctx = LaunchContext(job=job, mpi=profile.mpi, command=container.command,
-                        env_names=("PATH", rundir.ENV, *container.env_names, *environment),
-                        srun_options=container.srun_options)
-    launch = join(get_launcher(job.launcher).argv(ctx))
+    launch, container = launch_line(job, profile, args, environment)
+    checks = preflight.args(job, profile)
     run_root = rundir.run_root(job.output_dir, job.name)
     template_file = path.which(job.template)
     partition = profile.partitions.get(job.resources.partition or "")
@@ -279,6 +287,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "environment": environment,
         "job_json": Raw(json.dumps(job.to_dict(), sort_keys=True, ensure_ascii=True)),
         "launch": launch,
+        "preflight": launch_line(job, profile, checks, environment)[0] if checks else None,
         "preemption": job.train.preemption,
         "signal_lead": job.train.preemption.signal_lead(job.train.checkpoint.enabled),
         # Catch signals in the batch shell whenever a checkpoint could be saved on them.

@@ -333,6 +333,37 @@ class Container(Record):
 
 
 @record
+class FabricPreflight(Record):
+    """The allreduce every node pair (a ring of neighbours above 16 nodes) runs before training."""
+    min_busbw_gbps: Union[float, Literal["site"]] = field(default="site", metadata=_m(
+        "the bus bandwidth each pair must reach, in GB/s (1e9 bytes/s, nccl-tests' busbw); "
+        "site: 80 % of the site profile's fabric (its preset's or its bandwidth)",
+        min=0.001, max=100000.0, union_help="a bandwidth in GB/s (e.g. 10) or site"))
+    size_mb: int = field(default=16, metadata=_m(
+        "MiB of float32 each pair reduces per call (large enough to measure bandwidth, not "
+        "latency)", min=1, max=1024))
+
+
+@record
+class Preflight(Record):
+    """Checks before training: a node that would fail or slow the job ends it at once (exit
+    2, the nodes named, the figures in the run directory's preflight.json), not hours in."""
+    fabric: Optional[FabricPreflight] = field(default=None, metadata=_m(
+        "measure the bus bandwidth between every pair of nodes (a ring above 16 nodes) with "
+        "MPI's allreduce; unset: off"))
+    gpu: bool = field(default=False, metadata=_m(
+        "check each rank's GPU through NVML: volatile uncorrected ECC errors, retired pages or "
+        "remapped rows pending, clocks slowed (not idle), another process on it, free memory"))
+    gpu_free_gib: float = field(default=0.0, metadata=_m(
+        "with gpu: the free GPU memory each rank needs, in GiB (0: not checked)",
+        min=0.0, max=100000.0))
+
+    @property
+    def enabled(self) -> bool:
+        return self.fabric is not None or self.gpu
+
+
+@record
 class JobSpec(Record):
     name: str = field(metadata=_m("job name", pattern=NAME, pattern_help=NAME_HELP))
     template: str = field(default="horovod", metadata=_m(
@@ -349,6 +380,7 @@ class JobSpec(Record):
         reserved_keys=reserved_env_name, values={"coerce": True}))
     train: Train = field(default_factory=Train)
     container: Container = field(default_factory=Container)
+    preflight: Preflight = field(default_factory=Preflight)
     after: list[str] = field(default_factory=list, metadata=_m(
         "start only after these jobs: JOB (it completed), JOB:any (it ended) or JOB:notok (it "
         "failed); JOB is a job id or the name of a job submitted from here (its latest run). "
