@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Link", "Fabric", "PRESETS", "INTRA_PRESETS", "BASE_LATENCY_US", "preset",
-           "intra_preset", "unknown_preset", "from_profile"]
+           "intra_preset", "unknown_preset", "from_profile", "PREFLIGHT_SHARE",
+           "preflight_bar_GBps"]
 
 # NCCL's per-operation latency of a ring allreduce (tuning.cc baseLat, ring/Simple), in us.
 BASE_LATENCY_US = 8.4
@@ -128,3 +129,22 @@ def from_profile(value) -> Fabric | None:
     return Fabric("site profile", Link(value.bandwidth, value.latency),
                   Link(intra.bandwidth, intra.latency) if intra else None,
                   value.topology == "two-level")
+
+
+# A job's preflight with ``min_busbw_gbps: site`` (and `doctor`, `bench allreduce`, which show
+# that bar): this share of the site's bus bandwidth. Below it a link is slower than the site's
+# own figure by more than a measurement on a busy node varies.
+PREFLIGHT_SHARE = 0.8
+
+
+def preflight_bar_GBps(value) -> float | None:
+    """The busbw (GB/s) a node pair must reach under ``min_busbw_gbps: site``, from the site
+    profile's ``fabric`` (a preset name, the validated record, or its JSON in profile.json);
+    None when the site names none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        bandwidth = preset(value).bandwidth_GBps
+    else:
+        bandwidth = value["bandwidth"] if isinstance(value, dict) else value.bandwidth
+    return round(float(bandwidth) * PREFLIGHT_SHARE, 6)

@@ -105,6 +105,19 @@ def describe(answers: dict, found: list[Finding]) -> str:
     return f"{name}: " + "; ".join(f.detail for f in found)
 
 
+def summarize(devices: list[dict] | str | None, need_bytes: int = 0) -> tuple[str, str]:
+    """(fail | warn | pass, one line) over a node's devices (:func:`read_all`'s answers; a
+    string: why NVML did not answer, e.g. no GPU on the node)."""
+    if not isinstance(devices, list) or not devices:
+        return "pass", devices if isinstance(devices, str) else "no GPU"
+    found = [(d, findings(d, need_bytes)) for d in devices]
+    worst = {f.severity for _, fs in found for f in fs}
+    status = FAIL if FAIL in worst else WARN if WARN in worst else "pass"
+    unfit = [describe(d, fs) for d, fs in found if fs]
+    healthy = len(devices) - len(unfit)
+    return status, "; ".join(unfit + ([f"{healthy} GPU(s) healthy"] if healthy else []))
+
+
 # ------------------------------------------------------------------- asking NVML
 def _ask(nvml, call, *args):
     """NVML's answer, or None where the device does not support the query (or NVML lacks

@@ -120,3 +120,48 @@ def test_read_falls_back_to_the_older_throttle_call_and_read_all_shuts_nvml_down
     (answers,) = read_all(nvml)
     assert answers["clock_reasons"] == 0x8
     assert nvml.calls[0] == ("init", ()) and nvml.calls[-1] == ("shutdown", ())
+
+
+# ---------------------------------------------------------------------- in doctor
+def test_summarize_a_nodes_gpus():
+    from hpcsuite.gpuhealth import summarize
+
+    assert summarize([HEALTHY, HEALTHY]) == ("pass", "2 GPU(s) healthy")
+    assert summarize([]) == ("pass", "no GPU")
+    assert summarize("no GPU (NVML: Driver Not Loaded)") == ("pass", "no GPU (NVML: Driver Not Loaded)")
+    status, line = summarize([HEALTHY, {**HEALTHY, "index": 1, "ecc_volatile_uncorrected": 2}])
+    assert status == FAIL and line == ("GPU 1 (NVIDIA H100 80GB HBM3): 2 volatile uncorrected ECC "
+                                       "error(s) since the driver loaded; 1 GPU(s) healthy")
+    assert summarize([{**HEALTHY, "clock_reasons": 0x4}])[0] == WARN
+
+
+def test_doctor_on_a_node_with_an_unfit_gpu_fails_its_gpus_check(monkeypatch):
+    import sys
+
+    from hpcsuite.site.doctor import FAIL as DOCTOR_FAIL, check_gpus
+    from hpcsuite.submit.site_profile import SiteProfile
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(**RECORDED))
+    check = check_gpus(SiteProfile())
+    assert check.status == DOCTOR_FAIL
+    assert check.detail.startswith("1 GPU(s) on this node (NVML): GPU 0 (NVIDIA A100-SXM4-40GB): "
+                                   "row remapping pending (needs a GPU reset); held by 1 other")
+    assert "reset the GPU" in check.hint
+
+
+def test_doctor_judges_the_compute_nodes_gpus_from_its_probe(monkeypatch):
+    import json
+
+    from hpcsuite.site import doctor
+
+    probe = {"python": "3.11.2", "host": "gpu1", "numpy": "2.1", "torch": "2.5", "tensorflow": "2.18",
+             "horovod": "0.28.1", "mpi4py": "4.0", "gpu_health": [HEALTHY, {**HEALTHY, "index": 1,
+                                                                           "clock_reasons": 0x40}]}
+    monkeypatch.setattr(doctor, "_run", lambda argv, timeout=0: (0, "HPCSUITE_PROBE=" + json.dumps(probe)))
+    check = doctor.check_compute("python3", None)
+    assert check.status == doctor.FAIL and check.detail.endswith(
+        "; GPU 1 (NVIDIA H100 80GB HBM3): clocks slowed: hardware thermal slowdown; 1 GPU(s) healthy")
+    probe["gpu_health"] = "no GPU (NVML: NVML Shared Library Not Found)"
+    check = doctor.check_compute("python3", None)
+    assert check.status == doctor.PASS and check.detail.endswith("; no GPU (NVML: NVML Shared "
+                                                                 "Library Not Found)")

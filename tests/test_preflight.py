@@ -261,3 +261,47 @@ def test_a_preflight_the_site_cannot_run_is_refused_naming_the_file_that_asked(l
     layers["spec"].write_text("name: job\npreflight: {gpu: true}\n")
     with pytest.raises(ConfigError, match="job.yaml: preflight.gpu: the job asks for no GPU"):
         resolve(str(layers["spec"]))
+
+
+# ---------------------------------------------------------------------- doctor and bench
+def test_doctor_shows_the_sites_fabric_and_the_bar_it_sets():
+    from hpcsuite.site.doctor import check_fabric
+
+    assert check_fabric(profile()) is None
+    c = check_fabric(profile(fabric="ib-hdr"))
+    assert c.status == "pass" and c.detail.endswith(
+        "preflight.fabric min_busbw_gbps: site asks 19.2 GB/s busbw of each node pair (80%)")
+
+
+def test_bench_allreduce_sets_its_mpi_busbw_beside_the_preflight_bar(tmp_path, monkeypatch):
+    from test_alphabeta import ab, fake_measurements, invoke
+
+    from conftest import SBATCH
+    from hpcsuite import slurm
+
+    site = tmp_path / "profile.yaml"
+    site.write_text((SBATCH / "profile.yaml").read_text() + "\nfabric: 25gbe-tcp\n")
+    sizes = [4096, 1 << 20]
+
+    def fake_call(argv, **kw):
+        if argv[0] == "sbatch":
+            return slurm.Completed(argv, 0, "4242\n", "")
+        if argv[0] == "sacct":
+            return slurm.Completed(argv, 1, "", "sacct: error: accounting storage is disabled")
+        run_dir = tmp_path / "runs" / "allreduce-bench" / "4242"
+        r = ab.report(sizes, fake_measurements(sizes, 2, 2e-6, 1e9, 100),
+                      fake_measurements(sizes, 2, 5e-4, 1e9, 10), 2, ["node1", "node2"], {}, {})
+        (run_dir / ab.REPORT).write_text(json.dumps(r))
+        return slurm.Completed(argv, 0, "JobId=4242 JobState=COMPLETED ExitCode=0:0 "
+                               f"StdOut={tmp_path}/runs/allreduce-bench/slurm-4242.out\n", "")
+
+    monkeypatch.setattr(slurm, "call", fake_call)
+    monkeypatch.chdir(tmp_path)
+    base = ["bench", "allreduce", "--sizes", "4K,1M", "--profile", str(site)]
+    result = invoke(*base)
+    assert result.exit_code == 0, result.output
+    # 1 MiB over 2 ranks: t = 2*2us + S/1e9, busbw = S/t = 0.996 GB/s; the bar 0.8 x 1.875
+    assert "preflight: MPI busbw 0.996 GB/s at 1 MiB; a job's preflight.fabric (min_busbw_gbps: " \
+           "site) asks 1.5 GB/s of each node pair: NOT reached" in result.output
+    got = json.loads(invoke(*base, "--json").stdout)["preflight"]
+    assert got["bar_GBps"] == 1.5 and got["bytes"] == 1 << 20 and not got["reached"]

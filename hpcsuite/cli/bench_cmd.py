@@ -95,7 +95,8 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
     state, report = _wait(done.job_id, done.run_dir, as_json)
     if as_json:
         emit_json({"job_id": done.job_id, "state": state, "run_dir": done.run_dir,
-                   "spec": str(spec_path), "allreduce": report})
+                   "spec": str(spec_path), "allreduce": report,
+                   "preflight": _preflight(report, done.run_dir)})
     else:
         click.echo(_table(report, done.job_id, done.run_dir))
 
@@ -174,5 +175,29 @@ def _table(report: dict, job_id: str, run_dir: str) -> str:
             lines.append(f"  {label + ':':8} {AlphaBeta.from_json(report['fit'][key]).describe()}")
         except FitError as e:
             lines.append(f"  {label + ':':8} no fit: {e}")
+    bar = _preflight(report, run_dir)
+    if bar:
+        lines.append(f"preflight: MPI busbw {bar['mpi_busbw_GBps']:.3g} GB/s at "
+                     f"{format_size(bar['bytes'])}; a job's preflight.fabric (min_busbw_gbps: "
+                     f"site) asks {bar['bar_GBps']:g} GB/s of each node pair: "
+                     f"{'reached' if bar['reached'] else 'NOT reached'}")
     lines.append(f"results: {Path(run_dir) / REPORT}, {Path(run_dir) / CSV}")
     return "\n".join(lines)
+
+
+def _preflight(report: dict, run_dir: str) -> dict | None:
+    """The largest size's MPI busbw against the bar a job's preflight (``min_busbw_gbps:
+    site``) sets from the site's fabric (the profile.json submit wrote); None without one.
+    With 2 nodes of 1 rank this is the allreduce the preflight times for their pair."""
+    from ..fabrics import preflight_bar_GBps
+    from ..runs.rundir import RunDir
+
+    try:
+        bar = preflight_bar_GBps(json.loads(RunDir(run_dir).profile.read_text()).get("fabric"))
+    except (OSError, ValueError, KeyError):
+        return None
+    if bar is None or not report.get("points"):
+        return None
+    top = report["points"][-1]
+    return {"bar_GBps": bar, "bytes": top["bytes"], "mpi_busbw_GBps": top["mpi_busbw"] / 1e9,
+            "reached": top["mpi_busbw"] >= bar * 1e9}

@@ -329,8 +329,12 @@ def doctor(spec, profile_path, as_json, no_compute):
     infiniband  devices, against the profile's pml
     network     interfaces named by NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES
                 or the profile's btl/oob_tcp_if_include exist
-    gpus        NVIDIA GPUs (NVML, else nvidia-smi)
-    compute     one srun on a compute node: Python, numpy, torch, TensorFlow, Horovod
+    gpus        NVIDIA GPUs (NVML, else nvidia-smi); through NVML their health, as a
+                job's preflight.gpu judges it: ECC, pending retirement/remapping,
+                slowed clocks, other processes
+    fabric      the profile's fabric and the busbw preflight.fabric (site) asks
+    compute     one srun on a compute node: Python, numpy, torch, TensorFlow, Horovod,
+                and its GPUs' health
 
     With SPEC, its launcher, partition and env are checked too. Exit 0 when nothing
     failed (warnings allowed), 1 when a check failed, 2 on bad input."""

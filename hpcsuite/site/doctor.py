@@ -15,7 +15,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import slurm
+from .. import fabrics, gpuhealth, slurm
 from ..errors import UserError
 from ..submit.site_profile import SiteProfile
 
@@ -278,10 +278,26 @@ def check_gpus(profile: SiteProfile) -> Check:
         count, how = (len([l for l in out.splitlines() if l.startswith("GPU ")]), "nvidia-smi") \
             if code == 0 else (0, None)
     detail = f"{count} GPU(s) on this node ({how})" if how else "no NVIDIA GPUs on this node"
+    status = PASS
+    if count and how == "NVML":      # the preflight's health rule (hpcsuite.gpuhealth)
+        status, health = gpuhealth.summarize(gpuhealth.read_all(pynvml))
+        detail += f": {health}"
     if wanted:
-        return Check("gpus", PASS, detail + "; GPU partitions: " +
-                     ", ".join(f"{n} ({g} per node)" for n, g in sorted(wanted.items())))
-    return Check("gpus", PASS, detail)
+        detail += "; GPU partitions: " + ", ".join(f"{n} ({g} per node)"
+                                                    for n, g in sorted(wanted.items()))
+    return Check("gpus", status, detail, "drain the node or reset the GPU (nvidia-smi -r) "
+                 "before jobs land on it" if status != PASS else "")
+
+
+def check_fabric(profile: SiteProfile) -> Check | None:
+    """The site's fabric and the bar a job's ``preflight.fabric`` (``min_busbw_gbps: site``)
+    holds each node pair to; None when the profile names no fabric."""
+    fabric = fabrics.from_profile(profile.fabric)
+    if fabric is None:
+        return None
+    return Check("fabric", PASS, f"{fabric.describe()}; preflight.fabric min_busbw_gbps: site "
+                 f"asks {fabrics.preflight_bar_GBps(profile.fabric):g} GB/s busbw of each node "
+                 f"pair ({fabrics.PREFLIGHT_SHARE:.0%})")
 
 
 PROBE = """
@@ -293,6 +309,13 @@ for mod in ("numpy", "torch", "tensorflow", "horovod", "mpi4py"):
         out[mod] = __import__(mod).__version__
     except Exception as e:
         out[mod] = "MISSING: " + type(e).__name__ + ": " + str(e)[:120]
+try:   # the node's GPUs through NVML, judged on the login node (hpcsuite.gpuhealth)
+    import pynvml
+    from hpcsuite import gpuhealth
+    out["gpu_health"] = gpuhealth.read_all(pynvml)
+except Exception as e:
+    nvml = type(e).__name__.startswith("NVMLError")
+    out["gpu_health"] = ("no GPU (NVML: %s)" if nvml else "GPU health not read (%s)") % str(e)[:120]
 print("HPCSUITE_PROBE=" + json.dumps(out))
 """
 
@@ -308,8 +331,12 @@ def check_compute(python: str, partition: str | None, timeout: float = 300) -> C
                      f"the ranks run {python} on the compute nodes: set python: in the site "
                      "profile, or load the site's modules")
     found = json.loads(line.split("=", 1)[1])
+    gpus, health = gpuhealth.summarize(found.pop("gpu_health", None))
     missing = {k: v for k, v in found.items() if str(v).startswith("MISSING")}
-    detail = ", ".join(f"{k} {v}" for k, v in found.items() if k not in missing)
+    detail = ", ".join(f"{k} {v}" for k, v in found.items() if k not in missing) + f"; {health}"
+    if gpus != PASS:
+        return Check("compute", gpus, detail, "drain the node or reset the GPU before jobs "
+                     "land on it")
     if {"numpy", "horovod"} & set(missing) or {"torch", "tensorflow"} <= set(missing):
         return Check("compute", FAIL, f"{detail}; " + "; ".join(f"{k} {v}" for k, v in
                      missing.items()), "install the train extra and frameworks on the compute "
@@ -393,9 +420,7 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
               check_horovod(horovod_build(python), profile, horovod_gpu_build(python)),
               check_infiniband(profile),
               check_network(env, profile), check_gpus(profile)]
-    container = check_container(profile)
-    if container is not None:
-        checks.append(container)
+    checks += [c for c in (check_fabric(profile), check_container(profile)) if c is not None]
     if compute:
         if checks[0].status == FAIL:
             checks.append(Check("compute", FAIL, "not asked: Slurm does not answer",

@@ -5,15 +5,9 @@ fabric). The ranks' side is :mod:`hpcsuite.runtime.preflight_step`."""
 from __future__ import annotations
 
 from ..errors import UserError
-from ..fabrics import from_profile
+from ..fabrics import preflight_bar_GBps
 from ..runs import rundir
 from ..shell import Raw
-
-# ``min_busbw_gbps: site``: this share of the site profile's fabric bandwidth (nccl-tests'
-# busbw of large allreduces): below it a link is slower than the site's own figure by more
-# than a measurement on a busy node varies.
-SITE_SHARE = 0.8
-
 
 def problems(job, profile) -> list[tuple[str, str]]:
     """(key, why) of each preflight setting this site cannot run; empty when it can."""
@@ -46,10 +40,10 @@ def required_busbw_gbps(job, profile) -> float | None:
         return None
     if fabric.min_busbw_gbps != "site":
         return float(fabric.min_busbw_gbps)
-    site = from_profile(profile.fabric)
-    if site is None:
+    bar = preflight_bar_GBps(profile.fabric)   # fabrics.PREFLIGHT_SHARE of the site's
+    if bar is None:
         raise UserError(": ".join(problems(job, profile)[0]))
-    return round(site.inter.bandwidth_GBps * SITE_SHARE, 6)
+    return bar
 
 
 def args(job, profile) -> list[object] | None:
