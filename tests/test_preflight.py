@@ -202,6 +202,33 @@ def test_a_healthy_recorded_gpu_passes(monkeypatch):
     assert HEALTHY["name"]   # the recorded H100 of test_gpuhealth stays the reference
 
 
+class OneRank:
+    """COMM_WORLD of one rank, for the step's bookkeeping without MPI."""
+    rank, size = 0, 1
+
+    def gather(self, value, root=0):
+        return [value]
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def test_the_step_fails_on_an_unfit_gpu_and_records_every_ranks_answers(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(**RECORDED))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu7")
+    record, lines = step.run(gpu_job(), None, OneRank())
+    assert not record["passed"] and "fabric" not in record and record["hosts"] == ["gpu7"]
+    assert record["gpu"][0]["answers"]["remapped_rows"]["pending"] is True
+    assert lines == ["preflight.gpu: 1 rank(s) with an unfit GPU: rank 0 on gpu7: GPU 0 (NVIDIA "
+                     "A100-SXM4-40GB): row remapping pending (needs a GPU reset); held by 1 "
+                     "other process(es) (pid 99; 0.0 GiB)"]
+    step.report_failure(tmp_path, lines)
+    from hpcsuite.runner.status import reported_error
+
+    assert reported_error(tmp_path)["message"] == lines[0]
+
+
 # ---------------------------------------------------------------------- the step under mpirun
 def run_step(tmp_path, nodes, bar):
     (tmp_path / "job.json").write_text(json.dumps(spec_from_dict(
@@ -221,10 +248,11 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpi
 
 @needs_mpirun
 def test_three_nodes_pass_a_bar_they_reach(tmp_path):
-    done = run_step(tmp_path, ["node1", "node2", "node3"], 0.001)
+    """node2 has two ranks: its first one measures, the other waits."""
+    done = run_step(tmp_path, ["node1", "node2", "node2", "node3"], 0.001)
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads((tmp_path / "preflight.json").read_text())
-    assert record["passed"] and record["hosts"] == ["node1", "node2", "node3"]
+    assert record["passed"] and record["hosts"] == ["node1", "node2", "node2", "node3"]
     f = record["fabric"]
     assert [p["nodes"] for p in f["pairs"]] == [["node1", "node2"], ["node1", "node3"],
                                                  ["node2", "node3"]]
