@@ -8,6 +8,7 @@ import os
 from dataclasses import field
 from pathlib import Path
 
+from ..errors import UserError
 from ..records import Record, record
 from .. import __version__
 from ..runs import rundir
@@ -311,6 +312,9 @@ class Submitted(Record):
     script_path: str
 
 
+SBATCH_TIMEOUT_S = 300
+
+
 def sbatch(request: BatchRequest, staged: Path) -> str:
     """Write the script to ``staged``, call sbatch on it from the work directory (SBATCH_*
     stripped from the environment), and return the job id; the file is removed if sbatch fails."""
@@ -318,11 +322,16 @@ def sbatch(request: BatchRequest, staged: Path) -> str:
 
     staged.write_text(request.script)
     try:
+        # A busy controller (fifty submits at once on a loaded machine, seen in CI) can keep
+        # sbatch a minute or more; a timeout here may leave a job submitted without its id.
         done = slurm.call([*request.sbatch_argv, str(staged)], cwd=request.workdir,
-                          env=slurm.slurm_env(strip_sbatch=True), timeout=60)
+                          env=slurm.slurm_env(strip_sbatch=True), timeout=SBATCH_TIMEOUT_S)
         return slurm.parse_sbatch_parsable(done.stdout)
-    except BaseException:
+    except BaseException as e:
         staged.unlink(missing_ok=True)
+        if isinstance(e, UserError) and "did not answer" in str(e):
+            raise UserError(f"{e} (the controller is busy; the job may have been submitted "
+                            "all the same: check squeue before submitting again)") from None
         raise
 
 
