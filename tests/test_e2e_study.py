@@ -95,6 +95,14 @@ def check_report(study_dir: Path, env: dict) -> dict:
     assert predicted["workload"]["batch"] == 32
     assert predicted["workload"]["gradient_bytes"] == rows[1]["model"]["gradient_bytes"]
     assert [r["nodes"] for r in predicted["series"]["current"]] == [1, 2, 4, 8]
+    # The per-rank compute spread from the ranks' own records (the limit on 2 ranks, the 1-rank
+    # points): real steps vary, and a step at 8 ranks waits for the slowest of them.
+    spread = predicted["workload"]
+    assert spread["compute_cv_source"].startswith("measured: "), spread
+    assert 0 < spread["compute_cv"] < 1
+    print(f"study predict: cv {spread['compute_cv']:.4f}, {spread['compute_cv_source']}")
+    current = predicted["series"]["current"]
+    assert current[-1]["slowest_compute_ms"] > current[0]["slowest_compute_ms"]
     return report
 
 

@@ -57,16 +57,21 @@ def test_the_slowest_factor():
 
 
 def test_the_pooled_spread_is_each_rank_around_its_own_median():
-    # Rank A: median 1, deviations 0, 0, 1. Rank B: median 3, relative -1/3, 0, 1/3. Rank C:
-    # one step, left out. sqrt((1 + 2/9) / 6).
+    # Rank A: median 1, relative deviations 0, 0, 1. Rank B: median 3: 1/3, 0, 1/3. Rank C:
+    # one step, left out. The median of the six |deviations| is 1/6; sigma = 1.4826 x 1/6.
+    mad = 1.482602218505602
     cv, steps = pooled_cv([[1.0, 1.0, 2.0], [2.0, 3.0, 4.0], [5.0]])
     assert steps == 6
-    assert cv == pytest.approx(math.sqrt((1 + 2 / 9) / 6))
+    assert cv == pytest.approx(mad / 6)
     # A rank persistently slower than another is not step-to-step spread.
     assert pooled_cv([[1.0] * 5, [2.0] * 5]) == (0.0, 10)
-    # An even count's median is the middle two's mean: [1, 2, 3, 4] -> 2.5.
-    assert pooled_cv([[1.0, 2.0, 3.0, 4.0]])[0] == pytest.approx(
-        math.sqrt(sum(((t - 2.5) / 2.5) ** 2 for t in (1, 2, 3, 4)) / 4))
+    # An even count's median is the middle two's mean: [1, 2, 3, 4] -> 2.5; |dev| 0.6, 0.2,
+    # 0.2, 0.6, whose median is 0.4.
+    assert pooled_cv([[1.0, 2.0, 3.0, 4.0]])[0] == pytest.approx(mad * 0.4)
+    # One step 100x the median among 40 does not make the spread: a normal's sigma of the rest.
+    steady = [1.0, 1.1, 0.9, 1.05, 0.95] * 8
+    assert pooled_cv([steady[:-1] + [100.0]])[0] == pytest.approx(pooled_cv([steady])[0])
+    assert pooled_cv([steady])[0] == pytest.approx(mad * 0.05)
     assert pooled_cv([[1.0], [], [0.0, -1.0]]) is None
 
 
@@ -153,18 +158,19 @@ def test_the_command_states_the_spread_and_its_source():
 
 
 def test_a_study_gives_its_ranks_measured_spread(tmp_path):
-    # The 2-rank limit's ranks: rank 0 steps 1.0 and 1.2 ms (median 1.1), rank 1 all 1.4 ms;
-    # the 1-rank point's steps are all 1.2 ms. Pooled: 20 + 20 + 20 steps (two repeats of the
-    # limit, one 1-rank point of two repeats), only rank 0's deviate, by 1/11 each.
-    rank0 = [1.0e-3, 1.2e-3] * 5
+    # The 2-rank limit's ranks: rank 0 steps 1.0 and 1.2 ms (median 1.1), rank 1 1.3 and 1.5
+    # ms (median 1.4); the 1-rank point's steps are all 1.2 ms. Pooled: 20 + 20 + 20 steps (two
+    # repeats of the limit, the 1-rank point's two repeats): 20 deviations of 1/11, 20 of
+    # 1/14, 20 of 0, whose median is 1/14.
+    rank0, rank1 = [1.0e-3, 1.2e-3] * 5, [1.3e-3, 1.5e-3] * 5
     configs = [({"nodes": 1}, 1.2e-3, 32, {}, 1), ({"nodes": 2}, 1.6e-3, 32, {}, 1)]
-    sd = fake(tmp_path / "s", configs, limits={1: [rank0, [1.4e-3] * 10]})
+    sd = fake(tmp_path / "s", configs, limits={1: [rank0, rank1]})
     r = CliRunner().invoke(main, ["study", "predict", str(sd.path), "--nodes", "1,2,64",
                                   "--bandwidth", "1", "--latency", "10", "--json"],
                            env={"HPCSUITE_PROFILE": ""})
     assert r.exit_code == 0, r.output
     w = json.loads(r.output)["workload"]
-    assert w["compute_cv"] == pytest.approx(math.sqrt(20 * (1 / 11) ** 2 / 60))
+    assert w["compute_cv"] == pytest.approx(1.482602218505602 / 14)
     assert w["compute_cv_source"] == ("measured: 60 steps of 6 rank(s) in 4 point(s) of the "
                                       "study, each rank around its own median")
     # Given, the option wins over the measurement.

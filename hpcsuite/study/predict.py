@@ -121,18 +121,23 @@ def slowest_factor(cv: float, ranks: int, accumulation: int = 1) -> float:
 def pooled_cv(per_rank: list[list[float]]) -> tuple[float, int] | None:
     """The per-step coefficient of variation of compute, pooled over ranks, and how many steps
     it rests on: each rank's steps as deviations from that rank's own median, relative to it
-    (a rank persistently slower than the others is not step-to-step spread), the root mean
-    square of all of them. Ranks with fewer than two positive steps are left out; None when
-    none is left."""
-    squares, count = 0.0, 0
+    (a rank persistently slower than the others is not step-to-step spread), and sigma from
+    their median absolute value (x 1.4826, 1 / the normal's upper quartile): a normal's
+    spread, which the slowest-of-N model assumes. Rare steps many times the median (a
+    checkpoint, a stalled core) would dominate a root mean square (measured on the local
+    cluster: one 34.9 ms step among 40 of 0.37 ms gives 14.6) and are left out here. Ranks
+    with fewer than two positive steps are left out; None when none is left."""
+    deviations = []
     for times in per_rank:
         times = [t for t in times if t > 0]
         if len(times) < 2:
             continue
         middle = statistics.median(times)
-        squares += sum(((t - middle) / middle) ** 2 for t in times)
-        count += len(times)
-    return (math.sqrt(squares / count), count) if count else None
+        deviations += [abs(t - middle) / middle for t in times]
+    if not deviations:
+        return None
+    return statistics.median(deviations) / statistics.NormalDist().inv_cdf(0.75), \
+        len(deviations)
 
 
 def ring_s(nbytes: float, ranks: int, bandwidth_Bps: float, steps_latency_s: float) -> float:
