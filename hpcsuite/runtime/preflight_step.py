@@ -32,7 +32,7 @@ from ..runs.rundir import ENV, RunDir
 from .job_io import attempt, load_job
 
 PAIRWISE_MAX_NODES = 16
-REPEATS, WARMUP, BUDGET_S = 3, 1, 0.6   # per pair: about BUDGET_S seconds of timed calls
+REPEATS, WARMUP, BUDGET_S = 5, 2, 1.0   # per pair, as bench allreduce: 5 runs, 2 warm-up calls
 
 
 # ------------------------------------------------------------------- pure: who pairs with whom
