@@ -69,6 +69,10 @@ class TorchBackend(HorovodBackend):
         if self.on_cuda:
             torch.cuda.set_device(self.device)
         self.waited = 0.0                    # seconds in the allreduce's wait (take_wait)
+        # Adasum reduces the optimizer's deltas inside its step(), after the local update: no
+        # wait to time apart (and its optimizer refuses skip_synchronize)
+        h = job.train.horovod
+        self.timed_wait = h.allreduce and h.op != "adasum"
         torch.set_num_threads(job.resources.cpus_per_task)
         torch.manual_seed(self.t.seed)
 
@@ -272,7 +276,7 @@ class TorchBackend(HorovodBackend):
                 with self.optimizer.skip_synchronize():
                     self.scaler.step(self.optimizer)
                 self.scaler.update()
-            elif self.t.horovod.allreduce:
+            elif self.timed_wait:
                 with self.optimizer.skip_synchronize():
                     self.optimizer.step()
             else:
@@ -285,7 +289,7 @@ class TorchBackend(HorovodBackend):
         the transfer), apart from this rank's own work (:mod:`hpcsuite.runs.stragglers`). On a
         GPU the compute stream is drained first, so the wait starts when this rank's backward
         is done, not when its kernels were queued."""
-        if not self.t.horovod.allreduce:
+        if not self.timed_wait:
             return
         if self.on_cuda:
             self.torch.cuda.current_stream().synchronize()
@@ -296,7 +300,7 @@ class TorchBackend(HorovodBackend):
     def take_wait(self) -> float | None:
         """Seconds spent waiting in the allreduce since the last call (and reset)."""
         waited, self.waited = self.waited, 0.0
-        return waited if self.t.horovod.allreduce else None
+        return waited if self.timed_wait else None
 
     def losses_to_floats(self, losses):
         # One stack and one read for many steps (a device sync each on a GPU), the values exactly.
