@@ -148,3 +148,33 @@ def test_status_names_the_slow_rank_live_and_from_the_results():
     ended = SimpleNamespace(rank_balance={"slow_rank": None})
     assert slow_rank_lines({"slow_rank": found}, ended) == []    # the attempt's own word wins
     assert slow_rank_lines(None, SimpleNamespace(rank_balance={})) == []
+
+
+def test_small_steps_are_judged_over_the_last_five_votes_however_many_steps_they_span():
+    """At 2 ms steps a vote comes every ~125 steps: 200 steps hold two votes, so the window
+    stretches to the last 5 (it used to name nobody ever)."""
+    found = finding(samples(8, 125, (0.002, 0.004)))
+    assert found["rank"] == 1 and found["votes"] == 5 and found["steps"] == 625
+
+
+def test_the_loops_own_bookkeeping_is_no_ranks_own_work():
+    b = Balance(Timed([0.001]), 0)
+    b.aside = 0.002                     # rank 0 wrote progress.json and read the vote
+    assert b.at_vote([0.004, 0.004]) == pytest.approx((0.0025, 0.0005))
+    assert b.aside == 0.0
+
+
+def test_behind_agrees_with_the_plain_median_of_the_others():
+    rng = random.Random(3)
+    for n in (2, 3, 4, 7, 64):
+        for _ in range(200):
+            own = tuple(None if rng.random() < 0.05 else rng.uniform(0.5, 2.0) for _ in range(n))
+            known = [(r, t) for r, t in enumerate(own) if t is not None]
+            want = []
+            if len(known) >= 2:
+                import statistics
+                for r, t in known:
+                    m = statistics.median(x for q, x in known if q != r)
+                    if t >= stragglers.RATIO * m:
+                        want.append((r, pytest.approx(t / m)))
+            assert behind(own) == want

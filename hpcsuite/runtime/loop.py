@@ -236,7 +236,11 @@ class Trainer:
                 stop = self.after_step(p, policy, batch.step_real)
                 if stop or policy.done(p.step):
                     return stop
-                t0 = clock() if self.s.saved_step == p.step else now
+                later = clock()
+                if self.s.saved_step == p.step:
+                    t0 = later
+                else:    # the vote's bookkeeping (rank 0's above all) is no rank's own work
+                    t0, self.balance.aside = now, self.balance.aside + later - now
             fetch0 = clock()
         return None
 
