@@ -43,7 +43,7 @@ train:
   data: {{samples: 4096, shape: [32], classes: 4}}
   batch_size: 16
   epochs: 1000
-  max_steps: 900
+  max_steps: 1500
   monitor: {{enabled: true, interval_seconds: 0.2, prometheus_dir: prom}}
 """
 
