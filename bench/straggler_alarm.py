@@ -3,7 +3,7 @@
 On the local Slurm cluster, one job at a time, 2 nodes x 1 rank, torch, mpirun:
   balanced  N jobs (default 10) with nothing slowed, cycling through SIZES (the built-in mlp
             on 784 features at batch 16, 64 and 256 per rank, on 4096 features at batch 256,
-            and the built-in resnet on [3, 16, 16] at batch 32), each 1,000-3,000 steps, so
+            and the built-in resnet on [3, 16, 16] at batch 32), each 1,000-8,000 steps (at least ~10 s), so
             each covers many of the rule's 200-step windows
   slowed    K jobs (default 2), the same model wrapped by a user model that sleeps on rank 1
             in each forward for FRACTION of the own time per step the balanced jobs of that
@@ -11,13 +11,12 @@ On the local Slurm cluster, one job at a time, 2 nodes x 1 rank, torch, mpirun:
             on mlp784-b64, shows the small-step case)
 A job raised an alarm when results.json's rank_balance.slow_rank names a rank (the rule of
 hpcsuite/runs/stragglers.py, applied by rank 0 at every vote: own time >= 1.25x the others'
-median at >= 80 % of the votes covering the last 200 steps, at least 5 votes).
+median at >= 80 % of the votes covering the last 200 steps, and at least the last 20 votes).
 
 Each job also writes TensorBoard points (train.monitor.tensorboard), which carry each rank's
 own time per step at each vote rank 0 charted (about every vote: points at most every 0.2 s,
-votes about every 0.25 s). From them, per job: the steps a vote covers (the rule needs at
-least 5 votes in 200 steps: a job whose votes cover 50 steps or more, steps under ~5 ms, can
-never name a rank), at how many votes it was evaluated, the votes at which a rank was
+votes about every 0.25 s). From them, per job: the steps a vote covers, at how many votes the
+rule was evaluated (a window of at least 200 steps and 20 votes), the votes at which a rank was
 >= 1.25x the other ("behind") and the largest share of behind votes in any evaluated window
 (the alarm's margin: 80 % names a rank).
 
@@ -48,9 +47,9 @@ from preemption_trials import cli, cluster_env  # noqa: E402
 
 # name: model, input shape, batch per rank, steps, samples
 SIZES = {
-    "mlp784-b16": ("mlp", [784], 16, 3000, 16384),
-    "mlp784-b64": ("mlp", [784], 64, 3000, 16384),
-    "mlp784-b256": ("mlp", [784], 256, 2000, 16384),
+    "mlp784-b16": ("mlp", [784], 16, 8000, 16384),
+    "mlp784-b64": ("mlp", [784], 64, 6000, 16384),
+    "mlp784-b256": ("mlp", [784], 256, 4000, 16384),
     "mlp4096-b256": ("mlp", [4096], 256, 1500, 8192),
     "resnet16-b32": ("resnet", [3, 16, 16], 32, 1000, 8192),
 }
@@ -152,7 +151,7 @@ def margin(points: list[tuple[int, tuple]]) -> dict:
     for end in range(1, len(votes) + 1):
         window, steps = [], 0
         for k in range(end - 1, -1, -1):          # as finding() takes it: newest first
-            if steps >= st.WINDOW_STEPS:
+            if steps >= st.WINDOW_STEPS and len(window) >= st.MIN_VOTES:
                 break
             window.append(k)
             steps += votes[k][0]

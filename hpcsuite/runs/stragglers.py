@@ -4,8 +4,10 @@ At each vote every rank reports how its steps since its previous vote split (:mo
 own time per step (data, forward, backward, optimizer: all but the wait for the others) and its
 wait in the gradients' allreduce. In a synchronous step the slowest rank's own time sets the
 pace: the others finish early and wait for it. The rule, over the votes that cover the last
-WINDOW_STEPS steps, and at least the last MIN_VOTES votes (small steps vote every ~0.25 s,
-so 5 votes may span thousands of steps):
+WINDOW_STEPS steps, and at least the last MIN_VOTES votes. Votes come about every 0.25 s, so
+the window spans at least ~5 s: steps of a few ms put thousands of steps in it, and a rank that
+a shared core slows for a second or two (1.4x at 5 votes in a row, measured on balanced 1-3 ms
+steps, docs/BENCHMARKS.md) is not named, while a node slower all along still is:
 
 - a rank is behind at a vote when its own time is at least RATIO x the median of the other
   ranks' own times at that vote;
@@ -25,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 
 WINDOW_STEPS = 200
-MIN_VOTES = 5
+MIN_VOTES = 20
 RATIO = 1.25
 PERSISTENCE = 0.8
 
