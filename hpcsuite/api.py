@@ -318,6 +318,7 @@ class Run:
             results.gradient_bytes = 4 * sum(int(np.asarray(v).size) for v in params.values())
         path = publish(self.run_dir, results)
         print(f"hpcsuite script: {status} at step {self.step}; wrote {path}", flush=True)
+        s.track_results(path, status)
 
 
 def global_loss(gathered: list[dict]) -> list[float]:

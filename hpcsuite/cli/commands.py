@@ -279,7 +279,8 @@ def report(run, out):
     timeline window (train.monitor.timeline_steps), the time per step of its activities,
     with train.monitor.tensorboard where the event files are and the `tensorboard` command,
     with train.monitor on GPUs their energy and whether they were starved for data, and each
-    rank's own work and allreduce wait per step, naming a rank the others waited for."""
+    rank's own work and allreduce wait per step, naming a rank the others waited for. With
+    train.tracking the plots are added to the run's MLflow run (report/)."""
     from ..runs.report import (gpu_findings, plot, slow_rank_findings, tensorboard_line,
                                timeline_line, timeline_summary, timeline_windows)
 
@@ -287,8 +288,13 @@ def report(run, out):
     if entry is None:
         raise UserError(f"job {job_id}: no run directory known (not submitted from here); give "
                         "its run directory")
-    for path in plot(Path(entry["run_dir"]), Path(out) if out else None):
+    plots = plot(Path(entry["run_dir"]), Path(out) if out else None)
+    for path in plots:
         click.echo(str(path))
+    from ..runtime.tracking import add_plots     # imports mlflow only for a run that tracks
+    tracked = add_plots(Path(entry["run_dir"]), plots)
+    if tracked:
+        click.echo(tracked)
     for window in timeline_windows(Path(entry["run_dir"])):
         click.echo(f"{window}\n  {timeline_line(timeline_summary(window))}")
     board = tensorboard_line(Path(entry["run_dir"]))

@@ -8,6 +8,7 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
         slurm-JOBID.out                  Slurm's log of the batch script
         .submit-STAMP.sbatch             the script between sbatch and its job id (submit)
         checkpoints/                     the job name's checkpoints (no train.checkpoint.dir)
+        mlruns/                          the MLflow file store of train.tracking without a uri
         local/STAMP/                     a run in this process (hpcsuite.api, no Slurm)
         JOBID/                           RunDir: one submitted job, all its attempts
             job.sbatch submit.json       the script as submitted, the sbatch command
@@ -33,6 +34,10 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             allreduce.json allreduce.csv the allreduce benchmark's report (hpcsuite bench)
             preflight.json               the preflight step's figures (preflight: node pairs'
                                          busbw, each rank's GPU health), the newest attempt's
+            mlflow.json                  the MLflow run rank 0 logs to (train.tracking): its
+                                         store and run id, which a resumed attempt continues
+            mlruns/                      the MLflow file store rank 0 falls back to when it
+                                         cannot reach the tracking server
             loss.png throughput.png ...  `hpcsuite report`
         ARRAYID_INDEX/                   RunDir of an element of a job array (``hpcsuite sweep``),
                                          named as Slurm names the element (element_id): a
@@ -80,6 +85,8 @@ HOROVOD_AUTOTUNE_LOG = "horovod-autotune.csv"
 ALLREDUCE = "allreduce.json"
 ALLREDUCE_CSV = "allreduce.csv"
 PREFLIGHT = "preflight.json"
+MLFLOW = "mlflow.json"
+MLRUNS = "mlruns"
 LOSS_PLOT = "loss.png"
 THROUGHPUT_PLOT = "throughput.png"
 UTILISATION_PLOT = "utilisation.png"
@@ -364,6 +371,14 @@ class RunDir:
     def preflight(self) -> Path:
         return self.path / PREFLIGHT
 
+    @property
+    def mlflow(self) -> Path:
+        return self.path / MLFLOW
+
+    @property
+    def mlruns(self) -> Path:
+        return self.path / MLRUNS
+
     def plot(self, name: str) -> Path:
         return self.path / name
 
@@ -375,6 +390,11 @@ class RunDir:
     def default_checkpoints(self) -> Path:
         """Where the checkpoints go without ``train.checkpoint.dir``: shared by the job name."""
         return self.path.absolute().parent / CHECKPOINTS
+
+    @property
+    def default_mlruns(self) -> Path:
+        """The MLflow file store without ``train.tracking.mlflow.uri``: shared by the job name."""
+        return self.path.absolute().parent / MLRUNS
 
     @staticmethod
     def template_names() -> dict[str, str]:

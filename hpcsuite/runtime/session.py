@@ -10,7 +10,8 @@ who calls the step, not in any of that, so both are thin adapters over a :class:
 - the ranks' vote (:mod:`.vote`): posted with :meth:`Session.post_vote`, read with
   :meth:`Session.read_vote`, so a fix to either reaches both modes;
 - :class:`Progress` (step, cursor), :class:`Metrics`, progress.json and results.json;
-- rank 0's TensorBoard charts (:mod:`.tensorboard`, ``train.monitor.tensorboard``).
+- rank 0's charts: TensorBoard's (:mod:`.tensorboard`, ``train.monitor.tensorboard``) and
+  MLflow's (:mod:`.tracking`, ``train.tracking``), told the same points through one chart.
 
 The ranks talk through :class:`Collectives`, four calls: the Horovod backends implement it on
 their own tensors, script mode over the script's ``hvd`` module (:mod:`.collectives`), tests
@@ -39,6 +40,7 @@ from .policy import PROGRESS_SECONDS, VOTE_SECONDS, Policy, steady_throughput
 from .sharding import Cursor
 from .signals import FLAG, StopFlag
 from .tensorboard import Chart
+from .tracking import Charts, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +104,11 @@ class Session:
         self.vote_handle = None                # a vote posted and not yet read
         self.vote_tick = 0                     # the tick (a step, a call) it was posted at
         self.time_limit = None                 # rank 0 stops before Slurm's time limit
-        self.chart = Chart(self.run_dir, hostname()) \
+        board = Chart(self.run_dir, hostname()) \
             if self.rank == 0 and self.t.monitor.tensorboard else None
+        self.tracker = Tracker(job, self.run_dir, hostname()) \
+            if self.rank == 0 and self.t.tracking is not None else None
+        self.chart = Charts.of(board, self.tracker)
         if self.rank == 0 and self.t.preemption.watches_time_limit(self.t.checkpoint.enabled):
             from .timelimit import TimeLimit
 
@@ -247,6 +252,12 @@ class Session:
     def close_chart(self) -> None:
         if self.chart is not None:
             self.chart.close()
+
+    def track_results(self, path: Path | None, status: str) -> None:
+        """Rank 0, once results.json is published: it and the status end the attempt's part
+        of the MLflow run (train.tracking)."""
+        if self.tracker is not None:
+            self.tracker.finish(path, status)
 
     # ---------------------------------------------------------------- progress
     def progress_due(self) -> bool:

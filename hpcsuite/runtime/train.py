@@ -118,27 +118,31 @@ def run_managed(job: JobSpec, run_dir: Path) -> None:
     # No shutdown on an error: the failing rank reports first (fail()), then ends; shutting
     # Horovod down before that would fail the other ranks' collectives with Horovod's own
     # traceback ahead of the real error.
-    per_rank, results = Trainer(job, run_dir, backend).run()
+    trainer = Trainer(job, run_dir, backend)
+    per_rank, results = trainer.run()
     # Recorded before Horovod shuts down: when Slurm ends the job (scontrol requeue, a
     # preemption without the warning signal) mpirun takes SIGTERM too and exits at once, and
     # the shutdown of ranks it left behind waits for it until Slurm kills them.
-    finish(run_dir, per_rank, results)
+    path = finish(run_dir, per_rank, results)
+    if results is not None:
+        trainer.s.track_results(path, results.status)
     backend.shutdown()
 
 
-def finish(run_dir: Path, per_rank: dict, results) -> None:
+def finish(run_dir: Path, per_rank: dict, results) -> Path | None:
     """Write this rank's record; on rank 0 also results.json and the preemption marker that
-    the template's requeue logic reads."""
+    the template's requeue logic reads (returns results.json's path there)."""
     from ..runs.results import write_json_atomic
 
     write_json_atomic(RunDir(run_dir).rank_record(per_rank["rank"]), per_rank)
     if results is None:
-        return
+        return None
     results.versions["slurm"] = slurm_version()
     results.versions["python"] = sys.version.split()[0]
     path = publish(run_dir, results)
     print(f"hpcsuite train: {results.status} at step {results.final_step}; wrote {path} "
           f"({results.samples_per_s:.1f} samples/s on {count(results.world_size, 'rank')})", flush=True)
+    return path
 
 
 def slurm_version() -> str | None:

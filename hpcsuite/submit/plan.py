@@ -20,6 +20,7 @@ from .sbatch_header import HeaderError, check_fixed
 from ..shell import Raw, join
 from .spec import JobSpec
 from .templating import SearchPath, render
+from .tracking import with_site_uri
 
 # Horovod reads these at hvd.init(); the template exports them for every rank.
 def horovod_environment(job: JobSpec) -> dict[str, str]:
@@ -261,6 +262,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
     """Render the script for ``job``; ``locks``: the site's locked keys (Resolved.locks);
     ``array``: render it as a job array whose elements' jobs hpcsuite has written (every
     element's script must then come out the same: :mod:`hpcsuite.sweep` checks)."""
+    job = with_site_uri(job, profile)     # the job.json the ranks read names the site's URI
     environment = {**horovod_environment(job), **mpi_environment(job, profile), **job.env}
     args = ["-m", "hpcsuite", "train", "--job", Raw(rundir.in_shell(rundir.JOB))]
     launch, container = launch_line(job, profile, args, environment)

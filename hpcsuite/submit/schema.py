@@ -330,7 +330,8 @@ def key_paths(cls: type, prefix: str = "") -> list[str]:
 def to_dict(obj: Any) -> Any:
     """A dataclass tree as plain JSON-able data."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata.get("omit_unset") and getattr(obj, f.name) is None)}
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -14,6 +14,7 @@ from ..fabrics import unknown_preset
 from ..records import Record, record
 from .spec import (CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding,
                    _m, path_problem)
+from .tracking import URI_HELP, uri_problem
 from .values import BIND, BIND_HELP, IMAGE_PATTERN, IMAGE_PATTERN_HELP
 
 MODULE = r"[A-Za-z0-9_.+/@:-]{1,256}"
@@ -196,6 +197,9 @@ class SiteProfile(Record):
     sweep_max_parallel: int = field(default=4, metadata=_m(
         "elements of one sweep (a job array) that run at once: the default of a sweep's "
         "max_parallel and its ceiling (sbatch --array=...%K)", min=1, max=10000))
+    tracking_uri: Optional[str] = field(default=None, metadata=_m(
+        "the site's MLflow tracking URI, for jobs with train.tracking.mlflow that name none: "
+        + URI_HELP, check=uri_problem, nonempty=True, omit_unset=True))
 
     def interpreter(self) -> str:
         return self.python or sys.executable

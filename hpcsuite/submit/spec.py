@@ -10,6 +10,7 @@ from . import knobs as _knobs
 from ..records import Record, record
 from .resources import Binding, Resources, _m, begin_problem, header_text_problem  # noqa: F401
 from .schema import build, read_yaml, to_dict
+from .tracking import Tracking
 
 from .values import (  # noqa: F401 (the allow-lists, re-exported for their readers)
     NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, PATH, PATH_HELP, CONSTRAINT, CONSTRAINT_HELP,
@@ -297,6 +298,9 @@ class Train(Record):
     ledger: bool = field(default=False, metadata=_m(
         "record every sample id each rank trains on (ledger/ in the run directory)"))
     monitor: Monitor = field(default_factory=Monitor)
+    tracking: Optional[Tracking] = field(default=None, metadata=_m(
+        "experiment tracking: {mlflow: {uri, experiment}} (rank 0 logs to MLflow); unset: off",
+        omit_unset=True))      # job.json (and the spec's digest) as before when unset
     seed: int = field(default=1234, metadata=_m(min=0, max=2**32 - 1))
     startup_timeout_seconds: int = field(default=600, metadata=_m(
         "end the job when a rank has trained no step this many seconds after it started, "

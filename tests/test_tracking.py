@@ -1,0 +1,271 @@
+"""train.tracking (MLflow) without a cluster: the spec key and the site's URI, the params, the
+fallback when the server cannot be reached, what rank 0 logs in script mode read back with
+MLflow's own client, a second attempt continuing the same MLflow run, and failures that turn
+tracking off without touching training. tests/test_e2e_tracking.py runs it through Slurm."""
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hpcsuite import api
+from hpcsuite.errors import UserError
+from hpcsuite.runs.rundir import RunDir
+from hpcsuite.runtime import tensorboard as tb
+from hpcsuite.runtime import tracking
+from hpcsuite.submit.spec import spec_from_dict
+
+mlflow = pytest.importorskip("mlflow")
+
+
+def client(uri):
+    return tracking.client_for(uri)     # MLflow's own MlflowClient (file stores allowed)
+
+
+def record(run_dir) -> dict:
+    return json.loads(RunDir(run_dir).mlflow.read_text())
+
+
+# ------------------------------------------------------------------- the spec
+@pytest.mark.parametrize("mlflow_key, message", [
+    ({"uri": "sqlite:///m.db"}, "sqlite: is not a tracking URI"),
+    ({"uri": "http://"}, "no host"),
+    ({"uri": "https://h:70000"}, "out of range"),
+    ({"uri": "file:"}, "needs a path"),
+    ({"uri": ""}, "must not be empty"),
+    ({"experiment": ""}, "must not be empty"),
+    ({"experiment": "x" * 201}, "longer than 200"),
+    ({"experimnt": "x"}, "unknown key"),
+])
+def test_bad_tracking_keys_name_the_key_in_one_line(mlflow_key, message):
+    with pytest.raises(UserError, match=message) as e:
+        spec_from_dict({"name": "s", "train": {"tracking": {"mlflow": mlflow_key}}}, "job.yaml")
+    assert str(e.value).startswith("job.yaml: train.tracking.mlflow.")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("uri", ["file:///srv/mlruns", "mlruns", "../shared/mlruns",
+                                 "http://mlflow.site:5000", "https://mlflow.site/prefix"])
+def test_good_uris(uri):
+    job = spec_from_dict({"name": "s", "train": {"tracking": {"mlflow": {"uri": uri}}}}, "j")
+    assert job.train.tracking.mlflow.uri == uri
+
+
+def test_off_by_default_and_job_json_as_before():
+    job = spec_from_dict({"name": "s"}, "j")
+    assert job.train.tracking is None and "tracking" not in job.to_dict()["train"]
+    on = spec_from_dict({"name": "s", "train": {"tracking": {"mlflow": {}}}}, "j")
+    assert on.to_dict()["train"]["tracking"] == {"mlflow": {"uri": None, "experiment": None}}
+    assert on.digest() != job.digest()
+
+
+def test_cli_refuses_a_bad_uri_with_exit_2_naming_file_and_key(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: t\ntrain:\n  tracking:\n    mlflow: {uri: 'postgresql://db/x'}\n")
+    out = subprocess.run([sys.executable, "-m", "hpcsuite", "render", str(spec)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert "job.yaml" in lines[0] and "train.tracking.mlflow.uri" in lines[0]
+
+
+def test_the_site_profile_names_the_default_uri(tmp_path):
+    from hpcsuite.submit.config import resolve
+    from hpcsuite.submit.plan import plan
+    from hpcsuite.submit.templating import SearchPath
+
+    (tmp_path / "profile.yaml").write_text("tracking_uri: http://mlflow.site:5000\n")
+    for tracking_key, want in (("{mlflow: {}}", "http://mlflow.site:5000"),
+                               ("{mlflow: {uri: mine}}", "mine")):
+        (tmp_path / "job.yaml").write_text(f"name: t\ntrain:\n  tracking: {tracking_key}\n")
+        r = resolve(str(tmp_path / "job.yaml"), str(tmp_path / "profile.yaml"), cwd=tmp_path,
+                    ambient=False)
+        request = plan(r.job, r.profile, SearchPath.builtin_only(), r.locks)
+        assert request.job.train.tracking.mlflow.uri == want
+        assert f'"uri":"{want}"' in request.script.replace(": ", ":")
+    (tmp_path / "job.yaml").write_text("name: t\n")       # no tracking: nothing added
+    r = resolve(str(tmp_path / "job.yaml"), str(tmp_path / "profile.yaml"), cwd=tmp_path,
+                ambient=False)
+    assert "tracking" not in plan(r.job, r.profile, SearchPath.builtin_only(), r.locks).script
+    (tmp_path / "profile.yaml").write_text("tracking_uri: 'sqlite:///x.db'\n")
+    with pytest.raises(UserError, match=r"profile\.yaml.*tracking_uri"):
+        resolve(str(tmp_path / "job.yaml"), str(tmp_path / "profile.yaml"), cwd=tmp_path,
+                ambient=False)
+
+
+# ------------------------------------------------------------------- pure parts
+def test_params_flatten_the_spec_with_env_names_only_and_long_values_cut():
+    spec = spec_from_dict({"name": "s", "env": {"TOKEN": "secret", "A": "1"}, "train": {
+        "lr": 0.1, "args": ["x" * 4000, "y" * 4000], "model_args": {"width": 8},
+        "tracking": {"mlflow": {}}}}, "j").to_dict()
+    params = tracking.flat_params(spec)
+    assert params["train.lr"] == "0.1" and params["name"] == "s"
+    assert params["train.model_args.width"] == "8"
+    assert params["train.epochs"] == "null" and params["train.ledger"] == "false"
+    assert params["resources.nodes"] == "1"
+    assert params["env"] == "A,TOKEN" and "secret" not in json.dumps(params)
+    assert len(params["train.args"]) == tracking.PARAM_CHARS and params["train.args"].endswith("...")
+    assert all(len(v) <= tracking.PARAM_CHARS for v in params.values())
+
+
+def test_metric_names_mlflow_refuses_are_mended():
+    assert tracking.metric_key("utilisation/rank0/cpu_percent") == "utilisation/rank0/cpu_percent"
+    assert tracking.metric_key("acc@1 (top)") == "acc_1 _top_"
+
+
+def test_git_commit_from_files_loose_and_packed(tmp_path):
+    git = tmp_path / "repo" / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
+    sub = tmp_path / "repo" / "jobs" / "x"
+    sub.mkdir(parents=True)
+    assert tracking.git_commit(sub) == "a" * 40
+    (git / "refs" / "heads" / "main").unlink()
+    (git / "packed-refs").write_text(f"# pack-refs\n{'b' * 40} refs/heads/main\n")
+    assert tracking.git_commit(sub) == "b" * 40
+    (git / "HEAD").write_text("c" * 40 + "\n")                 # detached
+    assert tracking.git_commit(sub) == "c" * 40
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_an_unreachable_server_falls_back_to_the_run_directory(tmp_path, caplog):
+    paths = RunDir(tmp_path / "runs" / "s" / "7")
+    uri = f"http://127.0.0.1:{closed_port()}"
+    with caplog.at_level(logging.WARNING):
+        got = tracking.reachable(uri, paths)
+    assert got == paths.mlruns.absolute().as_uri()
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "train.tracking.mlflow.uri: cannot reach 127.0.0.1" in line
+    assert str(paths.mlruns) in line
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    try:
+        up = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        assert tracking.reachable(up, paths) == up
+    finally:
+        listening.close()
+    assert tracking.reachable("file:///x", paths) == "file:///x"
+
+
+def test_store_uri_default_path_and_server(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    paths = RunDir(tmp_path / "runs" / "s" / "7")
+    assert tracking.store_uri(None, paths) == (tmp_path / "runs" / "s" / "mlruns").as_uri()
+    assert tracking.store_uri("shared/ml runs", paths) == (tmp_path / "shared/ml runs").as_uri()
+    assert tracking.store_uri("HTTP://h:1", paths) == "HTTP://h:1"
+
+
+# ------------------------------------------------------------------- rank 0, in this process
+def script_run(tmp_path, mlflow_key=None, name="s", run="1"):
+    job = spec_from_dict({"name": name, "train": {
+        "script": "train.py", "batch_size": 4, "epochs": 3, "lr": 0.25,
+        "tracking": {"mlflow": mlflow_key or {}}}}, "t")
+    run_dir = tmp_path / "runs" / name / run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return api.Run(None, job=job, run_dir=run_dir), run_dir
+
+
+def train(run, scale=1.0):
+    for _ in run.batches(10):                        # 3 steps an epoch, 3 epochs
+        run.log(loss=scale / (run.step + 1))
+    run.finish()
+
+
+def test_script_mode_logs_params_tags_metrics_and_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)      # every step, to compare them all
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    run, run_dir = script_run(tmp_path)
+    train(run)
+    rec = record(run_dir)
+    assert rec["uri"] == (tmp_path / "runs" / "s" / "mlruns").as_uri()   # the default store
+    c = client(rec["uri"])
+    got = c.get_run(rec["run_id"])
+    assert got.info.status == "FINISHED" and got.info.run_name == "s-1"
+    assert c.get_experiment(got.info.experiment_id).name == "s"
+    assert got.data.params["train.lr"] == "0.25" and got.data.params["name"] == "s"
+    tags = got.data.tags
+    assert tags["hpcsuite.slurm_job_id"] == "4242" and tags["hpcsuite.attempt"] == "0"
+    assert tags["hpcsuite.status"] == "completed" and "hpcsuite.sweep" not in tags
+    history = sorted((m.step, m.value) for m in c.get_metric_history(rec["run_id"], "loss"))
+    assert history == [(s, 1.0 / (s + 1)) for s in range(1, 10)]
+    assert c.get_metric_history(rec["run_id"], "throughput/samples_per_s")
+    assert [f.path for f in c.list_artifacts(rec["run_id"])] == ["results.json"]
+
+
+def test_a_second_attempt_continues_the_same_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    first, run_dir = script_run(tmp_path)
+    train(first)
+    rec = record(run_dir)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    second, _ = script_run(tmp_path)
+    train(second, scale=2.0)
+    assert record(run_dir) == rec                    # the same MLflow run
+    c = client(rec["uri"])
+    assert len(c.search_runs([rec["experiment_id"]])) == 1
+    got = c.get_run(rec["run_id"])
+    assert got.data.tags["hpcsuite.attempt"] == "1" and got.info.status == "FINISHED"
+    values = sorted(m.value for m in c.get_metric_history(rec["run_id"], "loss"))
+    assert len(values) == 18 and values[-1] == 1.0 and 2.0 / 2 in values
+
+
+def test_a_server_out_of_reach_logs_to_the_run_directory(tmp_path, monkeypatch, caplog):
+    run, run_dir = script_run(tmp_path, {"uri": f"http://127.0.0.1:{closed_port()}",
+                                         "experiment": "offline"})
+    with caplog.at_level(logging.WARNING):
+        train(run)
+    rec = record(run_dir)
+    assert rec["uri"] == RunDir(run_dir).mlruns.absolute().as_uri()
+    got = client(rec["uri"]).get_run(rec["run_id"])
+    assert got.info.status == "FINISHED" and got.data.params["train.lr"] == "0.25"
+    assert sum("cannot reach" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_store_that_cannot_be_written_turns_tracking_off_in_one_line(tmp_path, caplog):
+    (tmp_path / "file").write_text("not a directory")
+    run, run_dir = script_run(tmp_path, {"uri": str(tmp_path / "file" / "mlruns")})
+    with caplog.at_level(logging.WARNING):
+        train(run)                                        # training still ends well
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
+    said = [r.getMessage() for r in caplog.records if "train.tracking" in r.getMessage()]
+    assert len(said) == 1 and "no more MLflow logging" in said[0] and "\n" not in said[0]
+    assert not RunDir(run_dir).mlflow.exists()
+
+
+def test_without_mlflow_installed_one_line_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)   # import mlflow.tracking fails
+    run, run_dir = script_run(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        train(run)
+    said = [r.getMessage() for r in caplog.records if "train.tracking" in r.getMessage()]
+    assert said == ["train.tracking.mlflow: mlflow is not installed where the ranks run (pip "
+                    "install 'hpcsuite[tracking]'); no more MLflow logging this attempt"]
+
+
+def test_report_adds_its_plots_to_the_run(tmp_path):
+    run, run_dir = script_run(tmp_path)
+    train(run)
+    from hpcsuite.runs.report import plot
+
+    plots = plot(run_dir)
+    line = tracking.add_plots(run_dir, plots)
+    rec = record(run_dir)
+    assert line.startswith(f"MLflow: {len(plots)} plots added to run {rec['run_id']}")
+    names = {f.path for f in client(rec["uri"]).list_artifacts(rec["run_id"], "report")}
+    assert names == {f"report/{p.name}" for p in plots}
+    assert tracking.add_plots(tmp_path, plots) is None       # a run without tracking
