@@ -4,7 +4,7 @@ VENV ?= .venv
 HPCSUITE = $(VENV)/bin/hpcsuite
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test golden cluster-up cluster-down clean
+.PHONY: setup demo test golden docs cluster-up cluster-down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,12 @@ test: setup
 golden: setup
 	@$(VENV)/bin/python scripts/regen_golden.py
 
+# The docs site: regenerate docs/reference/ from the schema and the commands, then build
+# site/ with --strict (a broken link or a page missing from the nav fails).
+docs: setup
+	@$(VENV)/bin/python scripts/gen_reference.py
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 cluster-up: setup
 	@$(HPCSUITE) cluster up
 
@@ -29,4 +35,4 @@ cluster-down:
 	@$(HPCSUITE) cluster down
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info runs
+	rm -rf $(VENV) build dist *.egg-info runs site

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything hpcsuite needs on a Debian bookworm machine, idempotently:
-#   Debian packages (OpenMPI, Slurm, munge, build tools), a venv with torch, TensorFlow,
+#   Debian packages (OpenMPI, Slurm, munge, build tools, Chromium), a venv with torch, TensorFlow,
 #   mpi4py and hpcsuite, and Horovod 0.28.1 built from its PyPI sdist with the patches
 #   today's frameworks need (scripts/build_horovod.sh). The sdist and the built Horovod wheel
 #   are cached, the wheel keyed by the versions it was built against (CUDA, NCCL and compute
@@ -30,8 +30,9 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- Debian packages
 # charliecloud-runtime: ch-run, the container runtime the container e2e test runs ranks in.
+# chromium: the headless browser tests/test_docs.py opens the built docs site in.
 APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm slurmdbd mariadb-server munge cmake build-essential
-              environment-modules charliecloud-runtime)
+              environment-modules charliecloud-runtime chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
