@@ -162,3 +162,13 @@ def test_readme_is_short_and_its_links_resolve():
     assert len(links) > 20, links
     missing = [link for link in links if not (REPO / link).exists()]
     assert not missing, missing
+
+
+def test_benchmarks_open_with_the_summary_of_the_quality_bars():
+    text = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    first = text.split("\n## ", 2)[1]
+    assert first.startswith("Summary"), first[:80]
+    header = "| quality bar | latest figure | met? | command | date |"
+    rows = [l for l in first.split(header, 1)[1].splitlines() if l.startswith("| ") and "---" not in l]
+    assert len(rows) >= 10, rows
+    assert all(len(r.split(" | ")) == 5 for r in rows), rows
