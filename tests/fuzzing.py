@@ -111,6 +111,12 @@ SPEC_FIELDS = {
     "train.horovod.cycle_time_ms": (st.floats(0, 100), st.floats(-1, -0.1)),
     "train.startup_timeout_seconds": (st.integers(0, 3600), st.integers(-5, -1)),
     "train.seed": (st.integers(0, 2**32 - 1), st.integers(2**32, 2**40)),
+    "train.tracking.mlflow.uri": (st.sampled_from(["mlruns", "file:///srv/ml", "http://ml:5000",
+                                                   "https://ml.site/x"]),
+                                  st.sampled_from(["sqlite:///m.db", "http://", "", "s3://b",
+                                                   "http://h:99999", 5])),
+    "train.tracking.mlflow.experiment": (st.sampled_from(["exp", "a b/c"]),
+                                         st.sampled_from(["", "x" * 201, ["x"]])),
     # sbatch/profile.yaml names no fabric: "site" is refused there, as is gpu without GPUs.
     "preflight.fabric.min_busbw_gbps": (st.floats(0.01, 1000), st.sampled_from(
         ["site", 0, -1, "fast", True, 1e6])),
@@ -228,9 +234,11 @@ PROFILE_FIELDS = {   # key: (valid values, wrong ones)
             "allowed_images": st.lists(hostile_text, min_size=1, max_size=2),
             "binds": st.lists(hostile_text, min_size=1, max_size=2),
             "python": hostile_text})),
+    "tracking_uri": (st.sampled_from(["http://mlflow.site:5000", "/srv/mlruns"]),
+                     st.sampled_from(["postgresql://db/ml", "https://", ""])),
     "locked": (st.lists(st.sampled_from(["resources.partition", "resources", "env.NOTE",
                                          "train.horovod", "site.python", "site.setup",
-                                         "preflight"]), max_size=3),
+                                         "preflight", "train.tracking"]), max_size=3),
                st.lists(st.sampled_from(["resources.partitoin", "site.nosuch", "launcher."]),
                         min_size=1, max_size=2)),
 }
@@ -275,6 +283,9 @@ def profile_cases(draw) -> tuple[bytes, bytes]:
             spec["launcher"] = "srun"
     if draw(st.integers(0, 4)) == 0:
         spec["preflight"] = {"fabric": {"min_busbw_gbps": draw(st.sampled_from([0.5, "site"]))}}
+    if draw(st.integers(0, 4)) == 0:
+        spec.setdefault("train", {})["tracking"] = {"mlflow": draw(st.sampled_from(
+            [{}, {"experiment": "e"}, {"uri": "http://own:5000"}]))}
     if draw(st.integers(0, 3)) == 0:
         spec.setdefault("resources", {})["time"] = draw(st.sampled_from(["00:30:00", "3:00:00", "0"]))
     return (text.encode("utf-8", "surrogatepass"),

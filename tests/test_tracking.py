@@ -269,3 +269,22 @@ def test_report_adds_its_plots_to_the_run(tmp_path):
     names = {f.path for f in client(rec["uri"]).list_artifacts(rec["run_id"], "report")}
     assert names == {f"report/{p.name}" for p in plots}
     assert tracking.add_plots(tmp_path, plots) is None       # a run without tracking
+
+
+def test_a_studys_points_share_one_experiment_named_after_it(tmp_path):
+    from hpcsuite.study import points as st
+    from hpcsuite.submit.config import resolve
+
+    study = st.Study(name="scal", base="job.yaml", axes={"nodes": [1, 2]})
+    tracked = {"name": "b", "train": {"tracking": {"mlflow": {}}}}
+    point = st.expand(study, spec_from_dict(tracked, "t"))[0]
+    sets = st.point_sets(study, spec_from_dict(tracked, "t"), point, str(tmp_path / "runs"))
+    assert 'train.tracking.mlflow.experiment="scal"' in sets
+    (tmp_path / "job.yaml").write_text("name: b\ntrain:\n  tracking: {mlflow: {}}\n")
+    job = resolve(str(tmp_path / "job.yaml"), None, sets, cwd=tmp_path, ambient=False).job
+    assert job.train.tracking.mlflow.experiment == "scal" and job.name == point.job_name
+    named = {"name": "b", "train": {"tracking": {"mlflow": {"experiment": "mine"}}}}
+    assert not any("tracking" in s for s in st.point_sets(study, spec_from_dict(named, "t"),
+                                                         point, "/x"))
+    assert not any("tracking" in s for s in st.point_sets(study, spec_from_dict(
+        {"name": "b"}, "t"), point, "/x"))

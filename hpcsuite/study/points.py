@@ -187,6 +187,9 @@ def point_sets(study: Study, base: JobSpec, point: Point, output_dir: str) -> li
     })
     if point.kind == "limit":
         values["train.horovod.allreduce"] = False
+    tracking = base.train.tracking
+    if tracking is not None and tracking.mlflow.experiment is None:
+        values["train.tracking.mlflow.experiment"] = study.name   # the points, one experiment
     return [f"{k}={json.dumps(v)}" for k, v in values.items()]
 
 
