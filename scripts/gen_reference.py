@@ -3,7 +3,7 @@
 Every key of the job spec, the site profile, a sweep file and a study file comes from the
 schema's dataclass fields (type, default, range and help from ``metadata=_m(...)``); what a site
 can lock comes from :mod:`hpcsuite.submit.config` (its lock check, ``SITE_ONLY``, ``APPENDED``);
-every command and option comes from walking the Click group. Nothing here is written by hand,
+every command and option from walking the Click group (scripts/reference_cli.py). Nothing is hand-written,
 so a new key (or option) appears by running this again:
 
     .venv/bin/python scripts/gen_reference.py           # rewrite what changed (also `make docs`)
@@ -327,106 +327,6 @@ itself has no site keys.
                        None)
 
 
-# ---------------------------------------------------------------------- commands (Click)
-
-def help_markdown(text: str) -> str:
-    """Click help: paragraphs, and ``\\b`` paragraphs (kept as written) as code blocks."""
-    out = []
-    for para in inspect.cleandoc(text or "").split("\n\n"):
-        if para.startswith("\b"):
-            out.append("```text\n" + para.lstrip("\b").strip("\n") + "\n```")
-        elif para.strip():
-            out.append(md(para))
-    return "\n\n".join(out)
-
-
-def param_type(param) -> str:
-    import click
-
-    kind = param.type
-    if getattr(param, "count", False):
-        text = "count"
-    elif isinstance(kind, click.Choice):
-        text = "one of " + ", ".join(f"`{c}`" for c in kind.choices)
-    elif isinstance(kind, click.types._NumberRangeBase):
-        text = f"{kind.name.split()[0]} ({md(kind._describe_range())})"
-    elif getattr(param, "is_flag", False) and not getattr(param, "secondary_opts", None):
-        text = "flag"
-    else:
-        text = kind.name
-    if getattr(param, "multiple", False):
-        text += ", repeatable"
-    return text
-
-
-def param_default(param, ctx) -> str:
-    value = param.get_default(ctx, call=False)
-    if callable(value):
-        return "computed when run"
-    if type(value).__name__ == "Sentinel" or value in (None, (), []) or \
-            (value is False and getattr(param, "is_flag", False)):
-        return ""
-    return code(value)
-
-
-def param_rows(command, ctx) -> list[list[str]]:
-    import click
-
-    rows = []
-    for param in command.get_params(ctx):
-        if getattr(param, "hidden", False) or param.name == "help":
-            continue
-        if isinstance(param, click.Argument):
-            names = f"`{param.human_readable_name}`"
-            help_text = "argument" + (", required" if param.required else ", optional")
-        else:
-            names = " / ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
-            help_text = md(param.help or "")
-            if param.envvar and str(param.envvar) not in help_text:
-                help_text += f" (env: `{param.envvar}`)"
-            if param.required:
-                help_text = ("required. " + help_text).strip()
-        rows.append([names, param_type(param), param_default(param, ctx), help_text])
-    return rows
-
-
-def commands(group, ctx):
-    """(context, command) for the group and every command under it, sorted by name."""
-    import click
-
-    yield ctx, group
-    if isinstance(group, click.Group):
-        for name in sorted(group.list_commands(ctx)):
-            sub = group.get_command(ctx, name)
-            yield from commands(sub, click.Context(sub, info_name=name, parent=ctx))
-
-
-def cli_page() -> str:
-    import click
-
-    from hpcsuite.cli import main
-
-    out = [BANNER.format(source="hpcsuite/cli (the Click commands)"), "# Command reference\n",
-           "Every `hpcsuite` command and option, read from the Click commands themselves "
-           "(`hpcsuite COMMAND --help` prints the same). Commands marked *internal* are run by "
-           "the batch script on the compute nodes, not by users.\n"]
-    for ctx, command in commands(main, click.Context(main, info_name="hpcsuite")):
-        path = ctx.command_path
-        slug = path.replace(" ", "-")
-        internal = " *(internal)*" if command.hidden or (ctx.parent and ctx.parent.command.hidden) else ""
-        out.append(f"## `{path}`{internal} {{#{slug}}}\n")
-        out.append(f"```text\n{path} {' '.join(command.collect_usage_pieces(ctx))}\n```\n")
-        if command.help:
-            out.append(help_markdown(command.help) + "\n")
-        if isinstance(command, click.Group):
-            subs = [f"[`{path} {n}`](#{slug}-{n})" for n in sorted(command.list_commands(ctx))]
-            out.append("Commands: " + ", ".join(subs) + "\n")
-        rows = param_rows(command, ctx)
-        if rows:
-            out.append(table(["option", "type", "default", "help"], rows))
-    return "\n".join(out)
-
-
 # ---------------------------------------------------------------------- the pages
 
 PAGES = {
@@ -434,8 +334,17 @@ PAGES = {
     "reference/site-profile.md": site_profile_page,
     "reference/sweep.md": sweep_page,
     "reference/study.md": study_page,
-    "reference/cli.md": cli_page,
+    "reference/cli.md": lambda: _cli().cli_page(),
 }
+
+
+def _cli():
+    """scripts/reference_cli.py (it imports this module's helpers, so it loads after it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.modules.setdefault("gen_reference", sys.modules[__name__])
+    import reference_cli
+
+    return reference_cli
 
 
 def pages() -> dict[Path, str]:
