@@ -95,6 +95,8 @@ class Run:
     def __init__(self, hvd=None, job: JobSpec | None = None, run_dir: str | Path | None = None,
                  spec: str | Path | None = None):
         global _ACTIVE
+        if hvd is None:
+            _refuse_ranks_without_horovod()
         ranks = HorovodObjects(hvd)
         self.hvd = ranks.hvd
         self.rank, self.size = ranks.rank, ranks.size
@@ -336,6 +338,19 @@ def global_loss(gathered: list[dict]) -> list[float]:
         out.append(sum(v * c for v, c in zip(values, counts)) / total if total else
                    sum(values) / len(values))
     return out
+
+
+def _refuse_ranks_without_horovod(env=os.environ) -> None:
+    """Run() without ``hvd`` is one process: in a launch of several ranks each would train
+    alone and write the same checkpoints and results.json. One line and exit 2 instead."""
+    size = env.get("OMPI_COMM_WORLD_SIZE") or env.get("SLURM_STEP_NUM_TASKS") or "1"
+    if size.isdigit() and int(size) > 1:
+        rank = env.get("OMPI_COMM_WORLD_RANK") or env.get("SLURM_PROCID") or "?"
+        print(f"error: hpcsuite.api.Run(): rank {rank} of {size} ranks the launcher started, "
+              f"but no Horovod module was given: call hvd.init() and pass it, api.Run(hvd) "
+              f"(without it every rank would train alone and write the same checkpoints)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(UserError.exit_code)
 
 
 def _find_job(hvd, job: JobSpec | None, run_dir, spec) -> tuple[JobSpec, Path]:

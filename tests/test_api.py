@@ -168,6 +168,23 @@ def test_a_script_tried_by_hand_with_a_spec_runs_in_one_process(tmp_path):
     assert json.loads((run_dir / "job.json").read_text())["name"] == "hand"
 
 
+def test_run_without_horovod_in_a_launch_of_several_ranks_is_refused(tmp_path):
+    """Each rank would be its own rank 0: the same checkpoints and results.json, twice."""
+    (tmp_path / "job.yaml").write_text("name: hand\ntrain: {script: train.py, batch_size: 5}\n")
+    for launch in ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
+                   {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"}):
+        done = _run_by_hand(tmp_path, {"HPCSUITE_SPEC": "job.yaml", **launch}, HAND)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        line, = done.stderr.strip().splitlines()
+        rank, size = (launch.get("OMPI_COMM_WORLD_RANK") or launch["SLURM_PROCID"],
+                      launch.get("OMPI_COMM_WORLD_SIZE") or launch["SLURM_STEP_NUM_TASKS"])
+        assert line.startswith(f"error: hpcsuite.api.Run(): rank {rank} of {size} ranks") and \
+            "api.Run(hvd)" in line, line
+        assert not (tmp_path / "runs").exists()
+    one = _run_by_hand(tmp_path, {"HPCSUITE_SPEC": "job.yaml", "OMPI_COMM_WORLD_SIZE": "1"}, HAND)
+    assert one.returncode == 0, one.stderr
+
+
 def test_a_bad_spec_tried_by_hand_is_one_line_naming_the_key(tmp_path):
     (tmp_path / "job.yaml").write_text("name: hand\ntrain: {script: train.py, bach_size: 5}\n")
     done = _run_by_hand(tmp_path, {"HPCSUITE_SPEC": "job.yaml"}, HAND)
