@@ -15,7 +15,7 @@ from hpcsuite.runs import attempts, ledger
 from hpcsuite.errors import UserError
 from hpcsuite.runs.results import Results
 from hpcsuite.runtime.checkpoint import CheckpointStore
-from hpcsuite.runtime.train import load_job
+from hpcsuite.runtime.job_io import load_job
 from hpcsuite.submit.spec import spec_from_dict
 
 TRIALS = 150

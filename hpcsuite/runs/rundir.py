@@ -91,7 +91,6 @@ LOSS_PLOT = "loss.png"
 THROUGHPUT_PLOT = "throughput.png"
 UTILISATION_PLOT = "utilisation.png"
 METRICS_PLOT = "metrics.png"
-REPORT_PLOTS = (LOSS_PLOT, THROUGHPUT_PLOT, UTILISATION_PLOT, METRICS_PLOT)
 # in the run root
 SLURM_LOG = "slurm-{job_id}.out"          # sbatch's --output spells %j for the id (%A_%a in an array)
 # The run directory's name as the batch shell spells it: the job id, or for an element of a

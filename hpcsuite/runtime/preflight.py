@@ -19,7 +19,8 @@ def check(job_path: str) -> list[tuple[str, str]]:
     from .. import usercode
     from ..errors import UserError
     from .data import open_train_eval
-    from .train import load_job, make_backend, user_traceback
+    from .job_io import load_job
+    from .train import make_backend, user_traceback
 
     job = load_job(job_path)
     t = job.train

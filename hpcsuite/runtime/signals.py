@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 
 from ..runs.rundir import RunDir
-# the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
-from ..runs.rundir import READY as READY_DIR, STOP_REQUESTED as STOP_REQUEST  # noqa: F401
 
 EARLY_SIGNALS = ("USR1", "USR2", "TERM")   # caught before the job says which one it uses
 

@@ -19,20 +19,13 @@ from ..errors import UserError, count
 from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
 from . import startup
-from .job_io import attempt, hostname, load_job, publish  # noqa: F401 (load_job: cli, preflight)
+from .job_io import attempt, hostname, load_job, publish
 from .placement import place
 from .shm import private_shm
 from .ranks import from_env
 from .signals import FLAG, announce_ready
 
-# the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
-from ..runs.rundir import FAILED as FAILED_MARKER, LOGS as RANK_LOGS  # noqa: F401
-
 log = logging.getLogger(__name__)
-
-
-def rank_from_env() -> int:
-    return from_env().rank
 
 
 def make_backend(job: JobSpec):
@@ -47,7 +40,7 @@ def main(job_path: str) -> None:
     job = load_job(job_path)
     FLAG.install([job.train.preemption.signal, "TERM"])
     run_dir = Path(os.environ.get(ENV) or Path(job_path).parent)
-    rank = rank_from_env()
+    rank = from_env().rank
     announce_ready(run_dir, rank)
     log_format = f"%(asctime)s rank {rank} %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format,

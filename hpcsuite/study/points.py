@@ -58,8 +58,6 @@ AXES = {
     "grad_accumulation": "train.grad_accumulation",
 }
 HOROVOD_AXES = SWEEPABLE      # horovod.<knob>: the knobs hpcsuite.submit.knobs marks sweepable
-# The axes that say where a point runs; the others make a series.
-PLACEMENT = ("nodes", "tasks_per_node")
 
 
 def _m(help: str = "", **kw) -> dict:

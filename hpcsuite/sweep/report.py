@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
-from .spec import METRICS
+from .spec import metric_goal
 from .status import element_rows
 from .sweepdir import REPORT_CSV, REPORT_JSON, REPORT_PNG, SweepDir
 
@@ -48,7 +48,7 @@ def report(sd: SweepDir, query=None) -> dict:
     d = sd.definition()
     metric = d.get("metric") or {}
     name = metric.get("name") or "val_accuracy"
-    goal = metric.get("goal") or METRICS.get(name, "max")
+    goal = metric_goal(name, metric.get("goal"))
     rows_by_index, note = element_rows(sd, query)
     rows, notes = [], [note] if note else []
     for i, status in sorted(rows_by_index.items()):

@@ -37,6 +37,12 @@ from ..submit.values import NAME, NAME_HELP, PATH, PATH_HELP
 MAX_ELEMENTS = 1000          # Slurm's default MaxArraySize is 1001: indices 0..1000
 # Metrics a report can rank by, and the goal each has unless the sweep says otherwise.
 METRICS = {"val_accuracy": "max", "val_loss": "min", "loss": "min", "samples_per_s": "max"}
+
+
+def metric_goal(name: str, goal: str | None = None) -> str:
+    """Whether the best element has the highest (max) or the lowest (min) ``name``: the
+    sweep's own goal, else the metric's usual one (a script's metrics.KEY: max)."""
+    return goal or METRICS.get(name, "max")
 DISTRIBUTIONS = ("uniform", "log_uniform", "randint", "choice")
 # Keys an axis may not vary: the sweep sets them for every element.
 SWEEP_SETS = ("name",)
@@ -56,10 +62,6 @@ class Metric(Record):
         pattern_help="val_accuracy, val_loss, loss, samples_per_s or metrics.KEY"))
     goal: Optional[Literal["max", "min"]] = field(default=None, metadata=_m(
         "max or min (default: max for accuracy and samples/s, min for losses)"))
-
-    @property
-    def direction(self) -> str:
-        return self.goal or METRICS.get(self.name, "max")
 
 
 @record
