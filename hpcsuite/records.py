@@ -28,6 +28,12 @@ class Record:
     __hash__ = None   # as a frozen dataclass holding lists and dicts: not hashable
 
 
+def meta(help: str = "", **kw) -> dict:
+    """A record field's metadata for :mod:`hpcsuite.submit.schema`: its ``help`` text (the
+    generated reference prints it) and checks such as ``min``, ``max`` and ``pattern``."""
+    return {"help": help, **kw}
+
+
 def record(cls: type) -> type:
     """``@record`` on a class deriving from :class:`Record`: a frozen dataclass."""
     return dataclasses.dataclass(frozen=True, repr=False, eq=False)(cls)

@@ -1,7 +1,7 @@
 """Write the docs site's reference pages (docs/reference/*.md) from the code's own metadata.
 
 Every key of the job spec, the site profile, a sweep file and a study file comes from the
-schema's dataclass fields (type, default, range and help from ``metadata=_m(...)``); what a site
+schema's dataclass fields (type, default, range and help from ``metadata=meta(...)``); what a site
 can lock comes from :mod:`hpcsuite.submit.config` (its lock check, ``SITE_ONLY``, ``APPENDED``);
 every command and option from walking the Click group (scripts/reference_cli.py). Nothing is hand-written,
 so a new key (or option) appears by running this again:

@@ -24,7 +24,7 @@ ALLOWED = {
     "submit": {"runs.rundir", "runs.registry", "templates"},
     "runs": set(),
     # runtime.script hands the user's script hpcsuite.api.
-    "runtime": {"submit.spec", "submit.lint", "runs.rundir", "runs.results", "runs.attempts",
+    "runtime": {"submit.spec", "runs.rundir", "runs.results", "runs.attempts",
                 "runs.stragglers",
                 "api", "models"},
 }

@@ -32,7 +32,7 @@ from .rundir import RunDir, RunRoot
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
 OWNER = "OWNER.json"
-SAVED = ("preempted", "time_limit")    # outcomes that saved their work
+SAVED = ("preempted", "time_limit")    # outcomes (and results.json statuses) that saved their work
 FAILURES = ("failed", "lost")          # outcomes that count against max_failures
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
         "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
@@ -47,6 +47,8 @@ def checkpoint_root(job, run_dir: Path) -> Path:
 
 
 def attempt_number() -> int:
+    """This attempt's number, for the batch script's commands and every rank: how often Slurm
+    requeued the job."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 

@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from ..errors import UserError
+from ..runs.attempts import SAVED, attempt_number
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec, spec_from_dict
 
@@ -35,11 +36,6 @@ def hostname() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def attempt() -> int:
-    """This attempt's number: how often Slurm requeued the job."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-
-
 def job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
@@ -48,7 +44,7 @@ def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
     """PREEMPTED ("STEP REASON") when the run stopped with a checkpoint, for the batch
     script's `hpcsuite attempt end`; removed otherwise."""
     marker = RunDir(run_dir).preempted
-    if status in ("preempted", "time_limit"):
+    if status in SAVED:
         marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
     else:
         marker.unlink(missing_ok=True)
@@ -58,7 +54,7 @@ def publish(run_dir: Path, results) -> Path:
     """Rank 0's last act: ``results`` (a :class:`~hpcsuite.runs.results.Results`) stamped with the
     Slurm job and attempt, written as results.json, and the preemption marker set or cleared."""
     results.job_id = job_id()
-    results.attempt = attempt()
+    results.attempt = attempt_number()
     path = results.write(run_dir)
     write_stop_marker(run_dir, results.status, results.final_step)
     return path

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 import numpy as np
 
 from ..errors import UserError
+from ..runs.attempts import attempt_number
 from ..runs.results import energy_record
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec
 from .checkpoint import Loaded
 from .data import open_train_eval
-from .job_io import attempt, hostname
+from .job_io import hostname
 from .policy import Policy
 from .schedule import learning_rate
 from .session import Collectives, Progress, Session
@@ -149,7 +150,7 @@ class Trainer:
         if self.t.ledger:
             paths = RunDir(self.run_dir)
             paths.ledger_dir.mkdir(exist_ok=True)
-            self.ledger = open(paths.ledger(self.b.rank, attempt()), "a")
+            self.ledger = open(paths.ledger(self.b.rank, attempt_number()), "a")
         sharder = Sharder(len(data), self.b.size, self.b.rank, self.t.batch_size, self.t.seed,
                           self.t.grad_accumulation)
         policy = self.s.policy

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 from .. import gpuhealth
+from ..runs.attempts import attempt_number
 from ..runs.rundir import ENV, RunDir
-from .job_io import attempt, load_job
+from .job_io import load_job
 
 PAIRWISE_MAX_NODES = 16
 REPEATS, WARMUP, BUDGET_S = 5, 2, 1.0   # per pair, as bench allreduce: 5 runs, 2 warm-up calls
@@ -189,7 +190,7 @@ def run(job, min_busbw_gbps: float | None, comm) -> tuple[dict | None, list[str]
     if comm.rank != 0:
         return None, []
     lines = []
-    record: dict = {"attempt": attempt(), "job_id": os.environ.get("SLURM_JOB_ID"),
+    record: dict = {"attempt": attempt_number(), "job_id": os.environ.get("SLURM_JOB_ID"),
                     "ranks": comm.size, "hosts": hosts}
     if pairs is not None:
         bar = min_busbw_gbps * 1e9 if min_busbw_gbps is not None else 0.0
@@ -219,7 +220,7 @@ def write_record(run_dir: Path, record: dict) -> Path:
 
 def report_failure(run_dir: Path, lines: list[str]) -> None:
     """The attempt's FAILED marker (what `status` shows) and one line per failed check."""
-    marker = RunDir(run_dir).failed(attempt())
+    marker = RunDir(run_dir).failed(attempt_number())
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "w") as f:

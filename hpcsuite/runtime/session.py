@@ -28,14 +28,14 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..runs.attempts import checkpoint_root
+from ..runs.attempts import SAVED, attempt_number, checkpoint_root
 from ..errors import UserError
 from ..runs.results import Results, step_stats, write_progress
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec
 from . import startup, vote
 from .checkpoint import CheckpointStore, Loaded
-from .job_io import attempt, hostname, job_id
+from .job_io import hostname, job_id
 from .policy import PROGRESS_SECONDS, VOTE_SECONDS, Policy, steady_throughput
 from .sharding import Cursor
 from .signals import FLAG, StopFlag
@@ -43,8 +43,6 @@ from .tensorboard import Chart
 from .tracking import Charts, Tracker
 
 log = logging.getLogger(__name__)
-
-STOPPED = ("preempted", "time_limit")    # statuses of a run that stopped early, with its work
 
 
 class Collectives(Protocol):
@@ -271,7 +269,7 @@ class Session:
         times, real = m.step_times[-50:], m.real[-50:]
         rate = sum(real[-len(times):]) / sum(times) if times and real and sum(times) > 0 else None
         write_progress(self.run_dir, {"step": step, "epoch": epoch, "max_steps": self.t.max_steps,
-                                      "samples_per_s": rate, **fields, "attempt": attempt(),
+                                      "samples_per_s": rate, **fields, "attempt": attempt_number(),
                                       "time": time.time()})
 
     # ---------------------------------------------------------------- results
@@ -303,7 +301,7 @@ class Session:
         total = sum(g["samples"] for g in gathered)
         return Results(
             job=self.job.name, status=status, backend=self.t.backend,
-            stop=stop_record(status, gathered, p.step, self.time_limit) if status in STOPPED else {},
+            stop=stop_record(status, gathered, p.step, self.time_limit) if status in SAVED else {},
             world_size=self.size, hosts=[g["host"] for g in gathered],
             steps=p.step - p.start_step, start_step=p.start_step, final_step=p.step,
             cursor=p.cursor.to_json(), resumed_from=p.resumed_from,

@@ -15,18 +15,14 @@ request itself.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
+from ..runs.attempts import attempt_number
 from ..runs.rundir import RunDir
 
 EARLY_SIGNALS = ("USR1", "USR2", "TERM")   # caught before the job says which one it uses
-
-
-def _attempt() -> str:
-    return os.environ.get("SLURM_RESTART_COUNT", "0")
 
 
 class StopFlag:
@@ -74,10 +70,10 @@ def announce_ready(run_dir: Path, rank: int, flag: StopFlag = FLAG) -> None:
     wait and a rank not yet ready then would die, as it did before this existed."""
     try:
         run = RunDir(run_dir)
-        mark = run.ready_mark(_attempt(), rank)
+        mark = run.ready_mark(attempt_number(), rank)
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.touch()
-        requested = run.stop_requested(_attempt()).read_text().split()
+        requested = run.stop_requested(attempt_number()).read_text().split()
     except OSError:
         return
     if requested:

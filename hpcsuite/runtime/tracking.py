@@ -36,9 +36,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
+from ..runs.attempts import SAVED, attempt_number
 from ..runs.results import write_json_atomic
 from ..runs.rundir import RunDir
-from .job_io import attempt, hostname, job_id
+from .job_io import hostname, job_id
 from .tensorboard import Chart
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class MlflowRun:
             run_id = record["run_id"]
             client.update_run(run_id, "RUNNING")
             cls(client, run_id).tags(tags)
-            log.info("MLflow: continuing run %s (attempt %d) in %s", run_id, attempt(), uri)
+            log.info("MLflow: continuing run %s (attempt %d) in %s", run_id, attempt_number(), uri)
             return cls(client, run_id)
         name = spec.experiment or job.name
         experiment = experiment_id(client, name, uri)
@@ -207,7 +208,7 @@ class MlflowRun:
             self.client.log_artifact(self.run_id, str(results))
         self.tags({"hpcsuite.status": status})
         self.client.set_terminated(self.run_id, "FINISHED" if status == "completed" else
-                                   "KILLED" if status in ("preempted", "time_limit") else "FAILED")
+                                   "KILLED" if status in SAVED else "FAILED")
 
 
 # ------------------------------------------------------------------- pure parts
@@ -263,7 +264,7 @@ def run_tags(job, paths: RunDir) -> dict[str, str]:
     """The Slurm job, the array element (a sweep's: grouped by hpcsuite.sweep), the attempt,
     the git commit of the submit directory."""
     tags = {"hpcsuite.job": job.name, "hpcsuite.run_dir": str(paths.path.absolute()),
-            "hpcsuite.attempt": str(attempt()), "hpcsuite.host": hostname(),
+            "hpcsuite.attempt": str(attempt_number()), "hpcsuite.host": hostname(),
             "hpcsuite.spec_digest": job.digest()}
     if job_id():
         tags["hpcsuite.slurm_job_id"] = job_id()

@@ -16,10 +16,11 @@ import traceback
 from pathlib import Path
 
 from ..errors import UserError, count
+from ..runs.attempts import attempt_number
 from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
 from . import startup
-from .job_io import attempt, hostname, load_job, publish
+from .job_io import hostname, load_job, publish
 from .placement import place
 from .shm import private_shm
 from .ranks import from_env
@@ -80,7 +81,7 @@ def watch_startup(job: JobSpec, run_dir: Path, rank: int) -> None:
     train.startup_timeout_seconds (:mod:`.startup`); 0: no watch."""
     seconds = job.train.startup_timeout_seconds
     if seconds:
-        startup.begin(startup.Watch(seconds, run_dir, rank, from_env().size, attempt(),
+        startup.begin(startup.Watch(seconds, run_dir, rank, from_env().size, attempt_number(),
                                     lambda text: fail(run_dir, rank, text, code=1),
                                     script=bool(job.train.script)))
 
@@ -101,7 +102,7 @@ def rank_log(run_dir: Path, rank: int, log_format: str) -> None:
     handler.setFormatter(logging.Formatter(log_format))
     logging.getLogger().addHandler(handler)
     _RANK_LOG[0] = handler
-    log.info("attempt %s on %s", os.environ.get("SLURM_RESTART_COUNT", "0"), hostname())
+    log.info("attempt %s on %s", attempt_number(), hostname())
 
 
 def run_managed(job: JobSpec, run_dir: Path) -> None:
@@ -207,7 +208,7 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None)
     shutdown for ranks that are still waiting for this one."""
     head = f"hpcsuite train: rank {rank} on {hostname()} failed" + (f" in {key}" if key else "")
     first = True
-    marker = RunDir(run_dir).failed(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    marker = RunDir(run_dir).failed(attempt_number())
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "w") as f:

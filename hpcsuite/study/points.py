@@ -41,7 +41,7 @@ from typing import Any, Literal
 from ..runs import registry
 from ..errors import ConfigError, UserError, show
 from ..submit.knobs import SWEEPABLE
-from ..records import Record, record
+from ..records import Record, meta, record
 from ..submit.schema import build, read_yaml
 from ..submit.spec import AFTER, AFTER_HELP, PATH, PATH_HELP, JobSpec
 from .bundle import (BUNDLE_FILE, POINTS_FILE, STATE_FILE, STUDY_FILE, copy_inputs, external_inputs,
@@ -60,38 +60,34 @@ AXES = {
 HOROVOD_AXES = SWEEPABLE      # horovod.<knob>: the knobs hpcsuite.submit.knobs marks sweepable
 
 
-def _m(help: str = "", **kw) -> dict:
-    return {"help": help, **kw}
-
-
 @record
 class Study(Record):
-    name: str = field(metadata=_m("study name (the study directory and job names derive from it)",
+    name: str = field(metadata=meta("study name (the study directory and job names derive from it)",
                                   pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}",
                                   pattern_help="letters, digits, _ . - (at most 40)"))
-    base: str = field(metadata=_m("the base job spec (YAML), relative to the study file",
+    base: str = field(metadata=meta("the base job spec (YAML), relative to the study file",
                                   pattern=PATH, pattern_help=PATH_HELP))
-    mode: Literal["weak", "strong"] = field(default="weak", metadata=_m(
+    mode: Literal["weak", "strong"] = field(default="weak", metadata=meta(
         "weak: batch_size is per rank and stays fixed; strong: batch_size is the global batch, "
         "split over the ranks"))
-    axes: dict[str, list[Any]] = field(default_factory=dict, metadata=_m(
+    axes: dict[str, list[Any]] = field(default_factory=dict, metadata=meta(
         "what to sweep: nodes, tasks_per_node, batch_size, precision, grad_accumulation, "
         f"horovod.<knob> ({', '.join(SWEEPABLE)})"))
-    repeats: int = field(default=2, metadata=_m("jobs per point", min=1, max=50))
-    warmup_steps: int = field(default=10, metadata=_m("steps left out of the timing", min=0,
+    repeats: int = field(default=2, metadata=meta("jobs per point", min=1, max=50))
+    warmup_steps: int = field(default=10, metadata=meta("steps left out of the timing", min=0,
                                                       max=100000))
-    steps: int = field(default=50, metadata=_m("measured steps per job", min=3, max=10**7))
-    limit: bool = field(default=True, metadata=_m(
+    steps: int = field(default=50, metadata=meta("measured steps per job", min=3, max=10**7))
+    limit: bool = field(default=True, metadata=meta(
         "also run each point without the gradient allreduce: the no-communication limit"))
-    allreduce_bench: bool = field(default=True, metadata=_m(
+    allreduce_bench: bool = field(default=True, metadata=meta(
         "measure allreduce on each multi-rank allocation, for the ring-allreduce model"))
-    max_in_flight: int = field(default=1, metadata=_m(
+    max_in_flight: int = field(default=1, metadata=meta(
         "jobs of this study queued or running at once (jobs that run together share nodes "
         "and network: more finishes sooner and measures noisier)", min=1, max=1000))
-    output_dir: str = field(default="studies", metadata=_m(
+    output_dir: str = field(default="studies", metadata=meta(
         "where the study directory goes, relative to the study file",
         pattern=PATH, pattern_help=PATH_HELP))
-    after: list[str] = field(default_factory=list, metadata=_m(
+    after: list[str] = field(default_factory=list, metadata=meta(
         "every job of the study starts only after these jobs: JOB, JOB:any or JOB:notok "
         "(a job id, or the name of a job submitted from the base spec's directory)",
         pattern=AFTER, pattern_help=AFTER_HELP, coerce=True))

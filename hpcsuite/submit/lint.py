@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..records import Record, record
 from ..errors import close_match, count
+from ..slurm import walltime_seconds
 from .site_profile import SiteProfile
 from .spec import JobSpec
 
@@ -23,26 +24,6 @@ class Finding(Record):
 
     def __str__(self) -> str:
         return f"{self.level}: {self.key}: {self.message}"
-
-
-def walltime_seconds(text: str) -> int:
-    """Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]."""
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-        parts = [int(p) for p in text.split(":")]
-        parts += [0] * (3 - len(parts))
-        h, m, s = parts
-    else:
-        parts = [int(p) for p in text.split(":")]
-        if len(parts) == 1:
-            h, m, s = 0, parts[0], 0
-        elif len(parts) == 2:
-            h, m, s = 0, parts[0], parts[1]
-        else:
-            h, m, s = parts
-    return ((days * 24 + h) * 60 + m) * 60 + s
 
 
 def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any, Literal, Optional, Union
 
-from ..records import Record, record
+from ..records import Record, meta, record
 from .values import (BEGIN, BEGIN_HELP, BIND_TO, CONSTRAINT, CONSTRAINT_HELP, CPU_BIND, EMAIL,
                      GPU_BIND, MAIL_TYPES, MAP_BY, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP)
 
@@ -42,27 +42,23 @@ def header_text_problem(text: str) -> str | None:
     return None
 
 
-def _m(help: str = "", **kw) -> dict:
-    return {"help": help, **kw}
-
-
 @record
 class Binding(Record):
     """How ranks are pinned to CPUs; unset keys come from the site profile's mpi.binding."""
-    bind_to: Optional[str] = field(default=None, metadata=_m(
+    bind_to: Optional[str] = field(default=None, metadata=meta(
         "mpirun --bind-to: none, core, socket, hwthread, numa, l3cache, ... (site default: none)",
         pattern=BIND_TO, pattern_help="OpenMPI's --bind-to: none, hwthread, core, l2cache, "
         "l3cache, socket, package, numa or board, with :overload-allowed or :if-supported"))
-    map_by: Optional[str] = field(default=None, metadata=_m(
+    map_by: Optional[str] = field(default=None, metadata=meta(
         "mpirun --map-by: slot, node, core, socket, numa, ppr:N:socket, with :PE=N, ... "
         "(site default: slot)", pattern=MAP_BY, pattern_help="OpenMPI's --map-by: slot, node, "
         "core, socket, numa, ... or ppr:N:PLACE, with modifiers like :PE=2 or :span"))
-    cpu_bind: Optional[str] = field(default=None, metadata=_m(
+    cpu_bind: Optional[str] = field(default=None, metadata=meta(
         "srun --cpu-bind: none, cores, threads, sockets, ldoms, rank, map_cpu:0,2, ... with an "
         "optional verbose, (site default: unset, Slurm's own)", pattern=CPU_BIND,
         pattern_help="srun's --cpu-bind: [verbose,]none, cores, threads, sockets, ldoms, "
         "boards, rank, rank_ldom, or map_cpu:/mask_cpu:/map_ldom:/mask_ldom: with a list"))
-    gpu_bind: Optional[str] = field(default=None, metadata=_m(
+    gpu_bind: Optional[str] = field(default=None, metadata=meta(
         "srun --gpu-bind: closest, none, single:N (N tasks per GPU), map_gpu:0,1, ... (site "
         "default: unset; under mpirun, hpcsuite gives each rank the GPU of its local rank)",
         pattern=GPU_BIND, pattern_help="srun's --gpu-bind: [verbose,]closest, none, single:N, "
@@ -71,51 +67,51 @@ class Binding(Record):
 
 @record
 class Resources(Record):
-    nodes: int = field(default=1, metadata=_m("nodes to allocate", min=1, max=100000))
-    tasks_per_node: int = field(default=1, metadata=_m("MPI ranks per node", min=1, max=1024))
-    cpus_per_task: int = field(default=1, metadata=_m("CPU cores per rank", min=1, max=1024))
-    gpus_per_node: int = field(default=0, metadata=_m(
+    nodes: int = field(default=1, metadata=meta("nodes to allocate", min=1, max=100000))
+    tasks_per_node: int = field(default=1, metadata=meta("MPI ranks per node", min=1, max=1024))
+    cpus_per_task: int = field(default=1, metadata=meta("CPU cores per rank", min=1, max=1024))
+    gpus_per_node: int = field(default=0, metadata=meta(
         "GPUs per node (one rank per GPU: each rank sees only its own, by local rank)",
         min=0, max=64))
-    gpu_sharing: bool = field(default=False, metadata=_m(
+    gpu_sharing: bool = field(default=False, metadata=meta(
         "true: more ranks per node than gpus_per_node is meant, local ranks take the node's GPUs "
         "in turn (NCCL refuses two ranks of one job on one GPU: for CPU collectives or MPS); "
         "false (default): such a job is refused and no two ranks ever share a GPU"))
-    gpus_per_task: int = field(default=0, metadata=_m(
+    gpus_per_task: int = field(default=0, metadata=meta(
         "GPUs per rank instead of per node (sbatch --gpus-per-task with --ntasks; launcher srun "
         "only: Slurm gives them to each task it starts)", min=0, max=64))
-    time: str = field(default="00:10:00", metadata=_m(
+    time: str = field(default="00:10:00", metadata=meta(
         "walltime", pattern=WALLTIME, pattern_help=WALLTIME_HELP, coerce=True))
-    partition: Optional[str] = field(default=None, metadata=_m(
+    partition: Optional[str] = field(default=None, metadata=meta(
         "Slurm partition", pattern=NAME, pattern_help=NAME_HELP, check=header_text_problem))
-    mem: Optional[str] = field(default=None, metadata=_m(
+    mem: Optional[str] = field(default=None, metadata=meta(
         "memory per node, e.g. 4G", pattern=r"[1-9]\d{0,11}[KMGT]?",
         pattern_help="a number with K, M, G or T, e.g. 4G", coerce=True))
-    account: Optional[str] = field(default=None, metadata=_m(
+    account: Optional[str] = field(default=None, metadata=meta(
         "account the job is charged to (sbatch --account); the partition's allow_accounts apply",
         pattern=NAME, pattern_help=NAME_HELP, check=header_text_problem))
-    qos: Optional[str] = field(default=None, metadata=_m(
+    qos: Optional[str] = field(default=None, metadata=meta(
         "quality of service (sbatch --qos); the partition's allow_qos apply",
         pattern=NAME, pattern_help=NAME_HELP, check=header_text_problem))
-    constraint: Optional[str] = field(default=None, metadata=_m(
+    constraint: Optional[str] = field(default=None, metadata=meta(
         "node features the job requires (sbatch --constraint), e.g. skylake&ib",
         pattern=CONSTRAINT, pattern_help=CONSTRAINT_HELP, check=header_text_problem))
-    exclusive: Union[bool, Literal["user", "mcs"]] = field(default=False, metadata=_m(
+    exclusive: Union[bool, Literal["user", "mcs"]] = field(default=False, metadata=meta(
         "whole nodes (sbatch --exclusive): true, false, user (shared with your own jobs only) "
         "or mcs", union_help="true, false, user or mcs"))
-    mail_type: list[Literal[MAIL_TYPES]] = field(default_factory=list, metadata=_m(
+    mail_type: list[Literal[MAIL_TYPES]] = field(default_factory=list, metadata=meta(
         "when Slurm mails (sbatch --mail-type): a list or END,FAIL of " + ", ".join(MAIL_TYPES),
         split=",", upper=True))
-    mail_user: Optional[str] = field(default=None, metadata=_m(
+    mail_user: Optional[str] = field(default=None, metadata=meta(
         "who Slurm mails (sbatch --mail-user); default: the submitting user",
         pattern=EMAIL, pattern_help="an e-mail address like ada@example.org", check=header_text_problem))
-    begin: Optional[str] = field(default=None, metadata=_m(
+    begin: Optional[str] = field(default=None, metadata=meta(
         "start no earlier than (sbatch --begin)", pattern=BEGIN, pattern_help=BEGIN_HELP,
         check=begin_problem))
-    comment: Optional[str] = field(default=None, metadata=_m(
+    comment: Optional[str] = field(default=None, metadata=meta(
         "free text Slurm keeps with the job (sbatch --comment)", max_length=1000, nonempty=True,
         check=header_text_problem))
-    extra_sbatch: dict[str, Union[bool, str]] = field(default_factory=dict, metadata=_m(
+    extra_sbatch: dict[str, Union[bool, str]] = field(default_factory=dict, metadata=meta(
         "other sbatch long options, name -> value (true for one without a value), only those "
         "the site lists in sbatch_allowed", key_pattern=r"[a-z][a-z0-9-]{0,63}",
         key_help="not an sbatch long option name (write reservation, not --reservation)",

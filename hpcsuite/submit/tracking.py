@@ -16,8 +16,7 @@ from dataclasses import field
 from typing import Optional
 from urllib.parse import urlsplit
 
-from ..records import Record, record
-from .resources import _m
+from ..records import Record, meta, record
 
 SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 URI_HELP = "file:/PATH, a path, or http(s)://HOST[:PORT][/PATH]"
@@ -51,13 +50,13 @@ class MlflowTracking(Record):
     git commit as tags, the loss/lr/samples-per-second/validation/utilisation series as
     metrics (step: the job's optimizer step), results.json and `hpcsuite report`'s plots as
     artifacts. A requeued or resumed attempt continues the same MLflow run."""
-    uri: Optional[str] = field(default=None, metadata=_m(
+    uri: Optional[str] = field(default=None, metadata=meta(
         "the MLflow tracking URI: " + URI_HELP + " (a path is relative to the submit "
         "directory). Unset: the site profile's tracking_uri, else a file store in "
         "OUTPUT_DIR/NAME/mlruns (`mlflow ui --backend-store-uri` reads it). A server rank 0 "
         "cannot reach (a compute node without a network) makes it log to the run directory's "
         "mlruns/ instead, which its log names", check=uri_problem, nonempty=True))
-    experiment: Optional[str] = field(default=None, metadata=_m(
+    experiment: Optional[str] = field(default=None, metadata=meta(
         "the MLflow experiment, created when missing. Unset: the job's name, so the elements of "
         "a sweep (named after it) share one, as do a study's points (named after the study); a "
         "sweep's elements are also tagged hpcsuite.sweep", nonempty=True,
@@ -66,7 +65,7 @@ class MlflowTracking(Record):
 
 @record
 class Tracking(Record):
-    mlflow: MlflowTracking = field(metadata=_m(
+    mlflow: MlflowTracking = field(metadata=meta(
         "log the run to MLflow (needs the tracking extra, pip install 'hpcsuite[tracking]', "
         "where the ranks run); {} for the defaults"))
 

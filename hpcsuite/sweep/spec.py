@@ -30,7 +30,7 @@ from dataclasses import field
 from typing import Any, Literal, Optional
 
 from ..errors import ConfigError, show
-from ..records import Record, record
+from ..records import Record, meta, record
 from ..submit.schema import build, read_yaml
 from ..submit.values import NAME, NAME_HELP, PATH, PATH_HELP
 
@@ -48,47 +48,43 @@ DISTRIBUTIONS = ("uniform", "log_uniform", "randint", "choice")
 SWEEP_SETS = ("name",)
 
 
-def _m(help: str = "", **kw) -> dict:
-    return {"help": help, **kw}
-
-
 @record
 class Metric(Record):
-    name: str = field(default="val_accuracy", metadata=_m(
+    name: str = field(default="val_accuracy", metadata=meta(
         "what ranks the elements: val_accuracy (best validation accuracy), val_loss (lowest "
         "validation loss), loss (final training loss), samples_per_s, or metrics.KEY (a "
         "script's own number)", pattern=r"val_accuracy|val_loss|loss|samples_per_s|"
                                         r"metrics\.[A-Za-z_][A-Za-z0-9_]{0,63}",
         pattern_help="val_accuracy, val_loss, loss, samples_per_s or metrics.KEY"))
-    goal: Optional[Literal["max", "min"]] = field(default=None, metadata=_m(
+    goal: Optional[Literal["max", "min"]] = field(default=None, metadata=meta(
         "max or min (default: max for accuracy and samples/s, min for losses)"))
 
 
 @record
 class Random(Record):
-    count: int = field(metadata=_m("elements to draw", min=1, max=MAX_ELEMENTS))
-    seed: int = field(default=0, metadata=_m("the draws' seed: the same seed, the same elements",
+    count: int = field(metadata=meta("elements to draw", min=1, max=MAX_ELEMENTS))
+    seed: int = field(default=0, metadata=meta("the draws' seed: the same seed, the same elements",
                                              min=0, max=2**32 - 1))
 
 
 @record
 class Sweep(Record):
-    name: str = field(metadata=_m("sweep name: its directory, and every element's job name",
+    name: str = field(metadata=meta("sweep name: its directory, and every element's job name",
                                   pattern=NAME, pattern_help=NAME_HELP))
-    base: str = field(metadata=_m("the base job spec (YAML), relative to the sweep file",
+    base: str = field(metadata=meta("the base job spec (YAML), relative to the sweep file",
                                   pattern=PATH, pattern_help=PATH_HELP))
-    axes: dict[str, Any] = field(default_factory=dict, metadata=_m(
+    axes: dict[str, Any] = field(default_factory=dict, metadata=meta(
         "job key -> its values (a list), e.g. train.lr: [0.01, 0.1]; with random also a "
         "distribution: {uniform: [lo, hi]}, {log_uniform: [lo, hi]}, {randint: [lo, hi]}, "
         "{choice: [...]}", key_pattern=r"[A-Za-z][A-Za-z0-9_.]{0,199}",
         key_help="not a dotted job key"))
-    random: Optional[Random] = field(default=None, metadata=_m(
+    random: Optional[Random] = field(default=None, metadata=meta(
         "draw count elements at random instead of the whole grid"))
-    max_parallel: Optional[int] = field(default=None, metadata=_m(
+    max_parallel: Optional[int] = field(default=None, metadata=meta(
         "elements running at once (default and ceiling: the site's sweep_max_parallel)",
         min=1, max=10000))
     metric: Metric = field(default_factory=Metric)
-    output_dir: str = field(default="sweeps", metadata=_m(
+    output_dir: str = field(default="sweeps", metadata=meta(
         "where the sweep directory goes, relative to the sweep file", pattern=PATH,
         pattern_help=PATH_HELP))
 
