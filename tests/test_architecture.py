@@ -25,7 +25,7 @@ ALLOWED = {
     "runs": set(),
     # runtime.script hands the user's script hpcsuite.api.
     "runtime": {"submit.spec", "runs.rundir", "runs.results", "runs.attempts",
-                "runs.stragglers",
+                "runs.stragglers", "runs.checkpoint_dir",
                 "api", "models"},
 }
 

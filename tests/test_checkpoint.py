@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from hpcsuite.runtime.checkpoint import MANIFEST, MARKER, CheckpointStore
+from hpcsuite.runs.checkpoint_dir import MANIFEST, MARKER, newest_checkpoint
+from hpcsuite.runtime.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -46,6 +47,19 @@ def test_keeps_the_last_k(tmp_path):
     for step in (1, 2, 3, 4):
         save(store, step)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003", "step-00000004"]
+
+
+def test_the_login_nodes_reader_finds_what_the_ranks_committed(tmp_path):
+    """runs.checkpoint_dir's reader (submit, status) and the writer agree on the names: the
+    newest committed step, not a newer one that lost its marker."""
+    store = CheckpointStore(tmp_path, keep=3)
+    save(store, 4)
+    torn = save(store, 12).path
+    (torn / MARKER).unlink()
+    path, manifest = newest_checkpoint(tmp_path)
+    assert path.name == "step-00000004" and manifest["step"] == 4
+    assert store.latest().path == path
+    assert newest_checkpoint(tmp_path / "none") is None
 
 
 def test_resaving_the_same_step_replaces_it(tmp_path):

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from .checkpoint_dir import OWNER, newest_checkpoint
 from .rundir import RunDir, RunRoot
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
-OWNER = "OWNER.json"
 SAVED = ("preempted", "time_limit")    # outcomes (and results.json statuses) that saved their work
 FAILURES = ("failed", "lost")          # outcomes that count against max_failures
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -398,20 +398,3 @@ def _shown(path: Path, workdir) -> str:
         return str(path.relative_to(Path(workdir).absolute()))
     except ValueError:
         return str(path)
-
-
-def newest_checkpoint(root: Path) -> tuple[Path, dict] | None:
-    """The newest complete checkpoint's directory and manifest (read, not verified: the job
-    verifies what it loads); None when there is none."""
-    if not root.is_dir():
-        return None
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")
-                   if p.name[5:].isdigit() and p.is_dir())
-    for _, path in reversed(steps):
-        try:
-            manifest = json.loads((path / "manifest.json").read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(manifest, dict) and (path / "COMMITTED").is_file():
-            return path, manifest
-    return None

@@ -13,7 +13,8 @@ A save writes everything into ``.tmp-step-N-<host>-<pid>/``, fsyncs each file an
 directory, then renames it to ``step-N`` and fsyncs the parent. A save killed at any point
 leaves only a ``.tmp-*`` directory, which :meth:`CheckpointStore.latest` never considers.
 ``latest`` also verifies the marker, the manifest and every file's size and hash, and skips a
-checkpoint that fails with a warning, falling back to the one before.
+checkpoint that fails with a warning, falling back to the one before. The directory's names
+are :mod:`hpcsuite.runs.checkpoint_dir`'s, which the login node reads too.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..runs.checkpoint_dir import (FORMAT, MANIFEST, MARKER, TMP_GLOB, step_dirs, step_name,
+                                   tmp_name, trash_name)
 
 log = logging.getLogger(__name__)
 
-FORMAT = "hpcsuite-checkpoint/1"
-MARKER = "COMMITTED"
-MANIFEST = "manifest.json"
 CHUNK = 32 << 20
 
 
@@ -111,8 +111,8 @@ class CheckpointStore:
         t0 = time.perf_counter()
         self.root.mkdir(parents=True, exist_ok=True)
         self._clean_stale_tmp()
-        name = f"step-{step:08d}"
-        tmp = self.root / f".tmp-{name}-{socket.gethostname()}-{os.getpid()}"
+        name = step_name(step)
+        tmp = self.root / tmp_name(step, socket.gethostname(), os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
@@ -122,14 +122,14 @@ class CheckpointStore:
             # goes; the ones before it are untouched (nothing is renamed or pruned until
             # the new one is whole).
             shutil.rmtree(tmp, ignore_errors=True)
-            kept = next((p.name for p in self._candidates() if (p / MARKER).is_file()), None)
+            kept = next((p.name for p in step_dirs(self.root) if (p / MARKER).is_file()), None)
             raise CheckpointError(
                 f"{e.filename or tmp}: saving the checkpoint of step {step} failed: "
                 f"{e.strerror or e}; " + (f"the previous checkpoint {self.root / kept} is intact"
                                          if kept else "there is no earlier checkpoint")) from None
         final = self.root / name
         if final.exists():                       # the same step saved again (after a resume)
-            trash = self.root / f".trash-{name}-{os.getpid()}"
+            trash = self.root / trash_name(step, os.getpid())
             os.rename(final, trash)
             os.rename(tmp, final)
             shutil.rmtree(trash, ignore_errors=True)
@@ -159,14 +159,14 @@ class CheckpointStore:
         return total, files
 
     def _prune(self) -> None:
-        good = [p for p in self._candidates() if (p / MARKER).is_file()]
+        good = [p for p in step_dirs(self.root) if (p / MARKER).is_file()]
         for old in good[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _clean_stale_tmp(self) -> None:
         """Remove .tmp-* left by saves that died on this host (their pid is gone)."""
         host = socket.gethostname()
-        for p in self.root.glob(".tmp-step-*"):
+        for p in self.root.glob(TMP_GLOB):
             owner = p.name.rsplit("-", 2)
             if len(owner) == 3 and owner[1] == host and owner[2].isdigit():
                 try:
@@ -177,17 +177,6 @@ class CheckpointStore:
                     pass
 
     # ---------------------------------------------------------------- loading
-    def _candidates(self) -> list[Path]:
-        """step-* directories, newest first."""
-        if not self.root.is_dir():
-            return []
-        steps = []
-        for p in self.root.glob("step-*"):
-            suffix = p.name[5:]
-            if p.is_dir() and suffix.isdigit():
-                steps.append((int(suffix), p))
-        return [p for _, p in sorted(steps, reverse=True)]
-
     def verify(self, path: Path) -> dict:
         """The manifest of a complete, intact checkpoint, or CheckpointError saying why not."""
         marker = path / MARKER
@@ -232,7 +221,7 @@ class CheckpointStore:
         None only where there is no checkpoint at all: when every one is damaged, a
         CheckpointError naming the newest (a fresh start would silently lose the run)."""
         problems = []
-        for path in self._candidates():
+        for path in step_dirs(self.root):
             try:
                 return self.load(path)
             except CheckpointError as e:
@@ -247,7 +236,7 @@ class CheckpointStore:
 
     def describe(self) -> list[dict]:
         out = []
-        for path in self._candidates():
+        for path in step_dirs(self.root):
             try:
                 m = self.verify(path)
                 out.append({"path": str(path), "step": m["step"], "ok": True,
