@@ -287,7 +287,7 @@ def measure(a, budget: Budget) -> None:
                      "rounds_s": {k: v for k, v in times.items()}}}
     if a.child_out:
         Path(a.child_out).write_text(json.dumps(out))
-    trainer.s.settle_vote()
+    trainer.session.settle_vote()
 
 
 class PlainPrefetch:

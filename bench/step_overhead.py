@@ -96,7 +96,7 @@ def main() -> None:
     trainer = Trainer(job, Path(tempfile.mkdtemp(prefix="overhead-")), backend)
     trainer.poll, trainer.poll_step = None, 0
     if a.no_votes:
-        trainer.s.vote_due = lambda tick: False
+        trainer.session.vote_due = lambda tick: False
     progress, policy = Progress(), Policy(job, 0, time.monotonic())
     sharder = Sharder(len(data), backend.size, backend.rank, a.batch, job.train.seed)
 
@@ -164,7 +164,7 @@ def main() -> None:
     # Every rank must run the same rounds (each step is an allreduce): the stop is voted.
     # A vote the managed loop posted may still be in flight (same tensor name): collect it first.
     def agree(stop: bool) -> bool:
-        trainer.s.settle_vote()
+        trainer.session.settle_vote()
         return bool(backend.vote_result(backend.vote_start([int(stop)]))[0])
 
     with budget.watch(hard=False):

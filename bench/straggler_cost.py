@@ -133,7 +133,7 @@ def loop_rounds(a, budget: Budget, backend, data, trainer, sharder, policy) -> d
                     times[kind].append(t)
     finally:
         switch(backend, trainer.balance, True)
-        trainer.s.settle_vote()
+        trainer.session.settle_vote()
     return times
 
 

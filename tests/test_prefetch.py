@@ -196,8 +196,8 @@ backend.build = build_on_the_pipeline
 backend.micro_step = slow_step
 per_rank, results = trainer.run()
 print(json.dumps({"status": results.status, "steps": per_rank["steps"],
-                  "start": trainer.s.progress.start_step, "queued": queued[-1] if queued else 0,
-                  "cursor": list(trainer.s.progress.cursor)}))
+                  "start": trainer.session.progress.start_step, "queued": queued[-1] if queued else 0,
+                  "cursor": list(trainer.session.progress.cursor)}))
 """
 
 

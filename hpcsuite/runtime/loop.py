@@ -97,13 +97,13 @@ def _compatible(job: JobSpec, manifest: dict, path: Path) -> None:
 
 class Trainer:
     def __init__(self, job: JobSpec, run_dir: Path, backend: Backend, flag: StopFlag = FLAG):
-        self.job, self.run_dir, self.b = job, run_dir, backend
-        self.t = job.train
-        self.s = Session(job, run_dir, backend, flag)
-        self.store, self.metrics = self.s.store, self.s.metrics
+        self.job, self.run_dir, self.backend = job, run_dir, backend
+        self.train = job.train
+        self.session = Session(job, run_dir, backend, flag)
+        self.store, self.metrics = self.session.store, self.session.metrics
         self.ledger = None
         self.lr: float | None = None
-        self.epochs = float(self.t.epochs or 1)   # run() knows it once the data is open
+        self.epochs = float(self.train.epochs or 1)   # run() knows it once the data is open
         self.timeline = None         # a Horovod timeline window (train.monitor.timeline_steps)
         self.sampler = None
         self.utilisation: list[dict] = []
@@ -116,26 +116,26 @@ class Trainer:
     def restore(self) -> Progress:
         """The session's restore, loading the checkpoint into the backend on rank 0; then
         rank 0's parameters and optimizer state, loaded or fresh, on every rank."""
-        self.s.restore(self._load)
-        self.b.broadcast_state()
-        return self.s.progress
+        self.session.restore(self._load)
+        self.backend.broadcast_state()
+        return self.session.progress
 
     def _load(self, loaded: Loaded) -> None:
         _compatible(self.job, loaded.manifest, loaded.path)
         try:
-            self.b.load_state(loaded.tensors, loaded.manifest.get("extra", {}))
+            self.backend.load_state(loaded.tensors, loaded.manifest.get("extra", {}))
         except (KeyError, ValueError, RuntimeError) as e:
             raise UserError(f"{loaded.path}: does not fit this model ({e})") from None
 
     # ---------------------------------------------------------------- save
     def save(self, p: Progress, reason: str) -> None:
         def state():
-            tensors, extra = self.b.state()
-            return tensors, {"batch_size": self.t.batch_size, **resume_identity(self.job),
+            tensors, extra = self.backend.state()
+            return tensors, {"batch_size": self.train.batch_size, **resume_identity(self.job),
                              "data": self.job.to_dict()["train"]["data"],
-                             "versions": self.b.versions(), "extra": extra}
+                             "versions": self.backend.versions(), "extra": extra}
 
-        self.s.save(reason, state)
+        self.session.save(reason, state)
         if self.ledger:
             self.ledger.flush()
 
@@ -143,30 +143,31 @@ class Trainer:
     def run(self) -> tuple[dict, "Results | None"]:
         from .. import usercode
 
-        data, held = open_train_eval(self.t, self.t.seed, usercode.search_dirs(self.t.pythonpath))
-        self.b.build(data)
+        data, held = open_train_eval(self.train, self.train.seed,
+                                     usercode.search_dirs(self.train.pythonpath))
+        self.backend.build(data)
         p = self.restore()
-        self.balance.start(self.b.allgather_object(hostname()))
-        if self.t.ledger:
+        self.balance.start(self.backend.allgather_object(hostname()))
+        if self.train.ledger:
             paths = RunDir(self.run_dir)
             paths.ledger_dir.mkdir(exist_ok=True)
-            self.ledger = open(paths.ledger(self.b.rank, attempt_number()), "a")
-        sharder = Sharder(len(data), self.b.size, self.b.rank, self.t.batch_size, self.t.seed,
-                          self.t.grad_accumulation)
-        policy = self.s.policy
-        self.epochs = self.t.epoch_limit(sharder.steps_per_epoch())
-        if self.b.rank == 0:
+            self.ledger = open(paths.ledger(self.backend.rank, attempt_number()), "a")
+        sharder = Sharder(len(data), self.backend.size, self.backend.rank, self.train.batch_size,
+                          self.train.seed, self.train.grad_accumulation)
+        policy = self.session.policy
+        self.epochs = self.train.epoch_limit(sharder.steps_per_epoch())
+        if self.backend.rank == 0:
             log.info("training: %d ranks, %d samples%s, %d steps per epoch, from step %d (epoch "
-                     "%d, sample %d)", self.b.size, len(data),
+                     "%d, sample %d)", self.backend.size, len(data),
                      f" (+{len(held)} held out)" if held is not None else "",
                      sharder.steps_per_epoch(), p.step, p.cursor.epoch, p.cursor.consumed)
         stop = None
         self.sampler = self.start_sampler(p)
-        mon = self.t.monitor
+        mon = self.train.monitor
         if mon.timeline_steps:
             from .timeline import Window
 
-            self.timeline = Window(self.b.hvd, self.b.rank, self.run_dir,
+            self.timeline = Window(self.backend.hvd, self.backend.rank, self.run_dir,
                                    mon.timeline_start_step, mon.timeline_steps)
             self.timeline.step(p.step)
         t_start = time.perf_counter()
@@ -180,10 +181,10 @@ class Trainer:
         if self.timeline is not None:
             self.timeline.close(p.step)
         self.utilisation = self.sampler.stop() if self.sampler is not None else []
-        self.s.settle_vote()
+        self.session.settle_vote()
         self.settle_losses()
         m = self.metrics
-        if self.t.checkpoint.enabled and stop is None and p.step > p.start_step and \
+        if self.train.checkpoint.enabled and stop is None and p.step > p.start_step and \
                 not (m.checkpoints and m.checkpoints[-1]["step"] == p.step):
             self.save(p, "final")
         if held is not None and stop is None and not (m.evals and m.evals[-1]["step"] == p.step):
@@ -193,13 +194,14 @@ class Trainer:
         return self.report(p, elapsed, stop, len(data))
 
     def start_sampler(self, p: Progress):
-        mon = self.t.monitor
+        mon = self.train.monitor
         if not mon.enabled:
             return None
         from .monitor import Sampler
 
-        return Sampler(mon.interval_seconds, self.b.rank, getattr(self.b, "device", "cpu"),
-                       mon.prometheus_dir, self.job.name, hostname()).start(p)
+        return Sampler(mon.interval_seconds, self.backend.rank,
+                       getattr(self.backend, "device", "cpu"), mon.prometheus_dir, self.job.name,
+                       hostname()).start(p)
 
     def train_epoch(self, data, sharder: Sharder, p: Progress, policy: Policy) -> str | None:
         """Train from ``p.cursor`` to the end of its epoch; the stop reason, if stopped.
@@ -208,7 +210,7 @@ class Trainer:
         loop's bookkeeping and the ranks' votes count, a checkpoint's save is recorded with
         the checkpoint instead. Everything per micro-batch here runs on every step of every
         job, so it is kept to list appends and arithmetic."""
-        m, b, clock = self.metrics, self.b, time.perf_counter
+        m, b, clock = self.metrics, self.backend, time.perf_counter
         batches = list(sharder.epoch(p.cursor))
         micro_step, size, pending = b.micro_step, b.size, m.pending
         data_time = 0.0
@@ -238,7 +240,7 @@ class Trainer:
                 if stop or policy.done(p.step):
                     return stop
                 later = clock()
-                if self.s.saved_step == p.step:
+                if self.session.saved_step == p.step:
                     t0 = later
                 else:    # the vote's bookkeeping (rank 0's above all) is no rank's own work
                     t0, self.balance.aside = now, self.balance.aside + later - now
@@ -250,25 +252,25 @@ class Trainer:
         m = self.metrics
         if not m.pending:
             return
-        values = self.b.losses_to_floats(m.pending)
-        k = self.t.grad_accumulation
+        values = self.backend.losses_to_floats(m.pending)
+        k = self.train.grad_accumulation
         m.loss_sums.extend(float(sum(values[i:i + k])) for i in range(0, len(values), k))
         m.pending.clear()
 
     def set_rate(self, p: Progress, sharder: Sharder, n: int) -> None:
         """The schedule's rate for the step about to run (set only when it changes)."""
-        s = self.t.schedule
+        s = self.train.schedule
         if self.lr is not None and s.decay == "constant" and p.cursor.epoch >= s.warmup_epochs:
             return   # past any warm-up a constant schedule has nothing to compute
         end = min(p.cursor.consumed + sharder.step_slots, n)
-        rate = learning_rate(self.t.schedule, self.t.lr, self.b.size, p.cursor.epoch + end / n,
-                             self.epochs)
+        rate = learning_rate(self.train.schedule, self.train.lr, self.backend.size,
+                             p.cursor.epoch + end / n, self.epochs)
         if rate != self.lr:
-            self.b.set_lr(rate)
+            self.backend.set_lr(rate)
             self.lr = rate
 
     def after_step(self, p: Progress, policy: Policy, step_real: int) -> str | None:
-        s, m = self.s, self.metrics
+        s, m = self.session, self.metrics
         stop = None
         save = False
         if self.timeline is not None:
@@ -290,7 +292,7 @@ class Trainer:
                 self.chart_utilisation()
                 s.chart_point(step, {f"ranks/own_ms/rank_{r}": 1e3 * t
                                      for r, t in enumerate(result.own) if t is not None})
-            if self.b.rank == 0 and policy.log_due(time.monotonic()):
+            if self.backend.rank == 0 and policy.log_due(time.monotonic()):
                 log.info("step %d, epoch %d, loss %.4f, lr %.4g", step, epoch, loss, lr)
         if stop is None and s.vote_due(p.step):
             self.settle_losses()
@@ -309,14 +311,14 @@ class Trainer:
         """What a save writes, estimated before the first (parameters, 2 optimizer slots):
         asked of the backend once, and only when rank 0 watches the time limit."""
         if self._state_bytes is None:
-            self._state_bytes = 0 if self.s.time_limit is None else \
-                3 * 4 * sum(self.b.gradient_sizes())
+            self._state_bytes = 0 if self.session.time_limit is None else \
+                3 * 4 * sum(self.backend.gradient_sizes())
         return self._state_bytes
 
     def write_progress(self, step: int, epoch: int, step_real: int, loss: float | None) -> None:
         """Rank 0 writes progress.json: ``loss`` is the step's global mean, from the vote or the
         report's gather, never this rank's share alone."""
-        self.s.write_progress(step, epoch, epochs=math.ceil(self.epochs),
+        self.session.write_progress(step, epoch, epochs=math.ceil(self.epochs),
                               loss=loss if loss == loss else None,   # NaN: none yet
                               lr=self.lr, slow_rank=self.balance.found)
 
@@ -328,12 +330,12 @@ class Trainer:
         new = self.sampler.samples[self.charted_samples:]
         self.charted_samples += len(new)
         for sample in new:
-            self.s.chart_point(sample["step"], utilisation_values(0, sample))
+            self.session.chart_point(sample["step"], utilisation_values(0, sample))
 
     def chart_report(self, p: Progress, loss: list[float], gathered: list[dict]) -> None:
         """Rank 0's last points, stopped early or not: the last step's loss (the global mean
         results.json records), every other rank's utilisation; then the event file is closed."""
-        s = self.s
+        s = self.session
         if s.chart is None:
             return
         if loss and s.chart.last_step != p.step:
@@ -351,21 +353,21 @@ class Trainer:
     def evaluate(self, held, p: Progress) -> dict:
         """Loss (and accuracy for classes) over the held-out data: each rank a disjoint share,
         every sample exactly once (padding has weight 0), sums combined across ranks."""
-        ev = self.t.eval
-        sharder = Sharder(len(held), self.b.size, self.b.rank, ev.batch_size or self.t.batch_size,
-                          self.t.seed)
+        ev = self.train.eval
+        sharder = Sharder(len(held), self.backend.size, self.backend.rank,
+                          ev.batch_size or self.train.batch_size, self.train.seed)
         loss = correct = real = 0.0
-        for batch, inputs in self.b.feed(held, list(sharder.epoch(Cursor(0, 0)))):
-            batch_loss, batch_correct = self.b.eval_step(inputs)
+        for batch, inputs in self.backend.feed(held, list(sharder.epoch(Cursor(0, 0)))):
+            batch_loss, batch_correct = self.backend.eval_step(inputs)
             loss, correct, real = loss + batch_loss, correct + batch_correct, real + batch.real
-        totals = np.sum(self.b.allgather_object([loss, correct, real]), axis=0)
+        totals = np.sum(self.backend.allgather_object([loss, correct, real]), axis=0)
         record = {"epoch": p.cursor.epoch, "step": p.step, "loss": float(totals[0] / totals[2]),
                   "accuracy": float(totals[1] / totals[2]) if held.classes is not None else None,
                   "samples": int(totals[2])}
         self.metrics.evals.append(record)
-        self.s.chart_point(p.step, {"validation/loss": record["loss"],
+        self.session.chart_point(p.step, {"validation/loss": record["loss"],
                                     "validation/accuracy": record["accuracy"]})
-        if self.b.rank == 0:
+        if self.backend.rank == 0:
             log.info("validation after epoch %d (step %d): loss %.4f%s", record["epoch"], p.step,
                      record["loss"], f", accuracy {100 * record['accuracy']:.2f}%"
                      if record["accuracy"] is not None else "")
@@ -373,17 +375,17 @@ class Trainer:
 
     # ---------------------------------------------------------------- results
     def report(self, p: Progress, elapsed: float, stop: str | None, n: int) -> tuple[dict, "Results | None"]:
-        s, m = self.s, self.metrics
-        checksum = self.b.checksum()
+        s, m = self.session, self.metrics
+        checksum = self.backend.checksum()
         gathered = s.gather(s.note(elapsed, checksum, loss_sums=m.loss_sums,
                                    utilisation=self.utilisation,
                                    energy_j=self.sampler.energy_j if self.sampler else None,
                                    **self.balance.note()))
-        per_rank = {"rank": self.b.rank, "host": hostname(), "steps": p.step - p.start_step,
+        per_rank = {"rank": self.backend.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
                     "data_time_s": m.data_times, "param_checksum": checksum,
                     **self.balance.note()}    # own work and allreduce wait per step
-        if self.b.rank != 0:
+        if self.backend.rank != 0:
             return per_rank, None
         self.energy = energy_record([g["energy_j"] for g in gathered],
                                     sum(g["samples"] for g in gathered))
@@ -392,14 +394,15 @@ class Trainer:
         if loss:                                   # the last step, not one up to 2 s before it
             self.write_progress(p.step, p.cursor.epoch, m.real[-1], loss[-1])
         self.chart_report(p, loss, gathered)
-        sizes = self.b.gradient_sizes()
+        sizes = self.backend.gradient_sizes()
         results = s.results(
-            gathered, s.status(), mode="managed", model=self.t.model, dataset_samples=n,
+            gathered, s.status(), mode="managed", model=self.train.model, dataset_samples=n,
             epochs=math.ceil(self.epochs),
             data_wait_fraction=sum(m.data_times) / max(sum(m.step_times), 1e-12),
             loss=loss, lr=m.lr, eval=m.evals,
             utilisation=[g["utilisation"] for g in gathered] if self.sampler is not None else [],
-            versions=self.b.versions(), precision_seen=self.b.precision_seen(), **self.energy,
+            versions=self.backend.versions(), precision_seen=self.backend.precision_seen(),
+            **self.energy,
             gradient_tensors=len(sizes), gradient_bytes=4 * sum(sizes),
             rank_balance=self.balance.record(gathered))
         return per_rank, results

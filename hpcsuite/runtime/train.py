@@ -119,7 +119,7 @@ def run_managed(job: JobSpec, run_dir: Path) -> None:
     # the shutdown of ranks it left behind waits for it until Slurm kills them.
     path = finish(run_dir, per_rank, results)
     if results is not None:
-        trainer.s.track_results(path, results.status)
+        trainer.session.track_results(path, results.status)
     backend.shutdown()
 
 
