@@ -54,7 +54,7 @@ def test_resolve_names_from_the_registry_and_checks_slurm(tmp_path):
     _registered(tmp_path, "prep", "30")
     states = {"41": state("41", "RUNNING"), "30": state("30", "COMPLETED"),
               "7": state("7", "PENDING")}
-    pending, notes = after.resolve(["train", "prep:ok", "7:any"], tmp_path, query=states.__getitem__)
+    pending, notes = after.job_ids_to_wait_for(["train", "prep:ok", "7:any"], tmp_path, query=states.__getitem__)
     assert pending == ["41:ok", "7:any"]
     assert notes == ["job 30 already completed (COMPLETED): nothing to wait for"]
 
@@ -64,19 +64,19 @@ def test_resolve_refuses_what_can_never_hold_or_is_unknown(tmp_path):
     failed = {"41": state("41", "FAILED")}
     with pytest.raises(UserError, match=r"spec.yaml: after: train: job 41 ended FAILED, so the "
                                         r"condition 'ok' \(it completed\) can never hold"):
-        after.resolve(["train"], tmp_path, query=failed.__getitem__, source="spec.yaml: after")
+        after.job_ids_to_wait_for(["train"], tmp_path, query=failed.__getitem__, source="spec.yaml: after")
     with pytest.raises(UserError, match="--after: nosuch: no run 'nosuch'"):
-        after.resolve(["nosuch"], tmp_path, source="--after", query=failed.__getitem__)
+        after.job_ids_to_wait_for(["nosuch"], tmp_path, source="--after", query=failed.__getitem__)
 
     def unknown(job_id):
         raise UserError(f"job {job_id} is not known to Slurm (no record)")
     with pytest.raises(UserError, match="--after: 99: job 99 is not known to Slurm"):
-        after.resolve(["99"], tmp_path, source="--after", query=unknown)
+        after.job_ids_to_wait_for(["99"], tmp_path, source="--after", query=unknown)
 
 
 def test_resolve_without_slurm_only_maps_names(tmp_path):
     _registered(tmp_path, "train", "41")
-    assert after.resolve(["train:any", "5"], tmp_path, ask_slurm=False) == (["41:any", "5:ok"], [])
+    assert after.job_ids_to_wait_for(["train:any", "5"], tmp_path, ask_slurm=False) == (["41:any", "5:ok"], [])
 
 
 def test_prepare_renders_the_dependency_and_records_the_resolved_after(tmp_path, monkeypatch):

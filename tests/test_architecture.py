@@ -21,7 +21,7 @@ ALLOWED = {
     "study": {"runner", "submit", "runs", "site"},
     "sweep": {"runner", "submit", "runs"},
     "site": {"submit.site_profile"},
-    "submit": {"runs.rundir", "runs.registry", "templates"},
+    "submit": {"runs.rundir", "templates"},
     "runs": set(),
     # runtime.script hands the user's script hpcsuite.api.
     "runtime": {"submit.spec", "runs.rundir", "runs.results", "runs.attempts",
@@ -133,3 +133,103 @@ def test_no_module_over_450_lines_and_no_function_over_60():
                     long_functions.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: "
                                           f"{size} lines")
     assert not long_modules and not long_functions, long_modules + long_functions
+
+
+# ---------------------------------------------------------------------- one way to Slurm
+
+def imported_names(path):
+    """(absolute module, name) for every name the module imports (imports inside functions
+    included); ``import a.b`` is (``a.b``, None)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, None) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            yield from ((target, a.name) for a in node.names)
+
+
+JOBS = PACKAGE / "runs" / "jobs.py"
+
+
+def slurm_asking_functions():
+    """The functions of runs/jobs.py that ask Slurm: those that use the ``slurm`` module, and
+    those that call one that does."""
+    functions = {n.name: n for n in ast.parse(JOBS.read_text()).body
+                 if isinstance(n, ast.FunctionDef)}
+    calls = {name: {c.func.id for c in ast.walk(f) if isinstance(c, ast.Call)
+                    and isinstance(c.func, ast.Name)} for name, f in functions.items()}
+    asking = {name for name, f in functions.items()
+              if any(isinstance(n, ast.Name) and n.id == "slurm" for n in ast.walk(f))}
+    while True:
+        more = {name for name in functions if calls[name] & asking} - asking
+        if not more:
+            return asking
+        asking |= more
+
+
+def in_runner(path):
+    return room_of(module_name(path)) == "runner" or path == JOBS
+
+
+def test_only_the_runner_asks_runs_jobs_of_slurm():
+    """Submitting, following, querying and cancelling a job go through hpcsuite/runner (issue
+    38): outside it nothing takes runs/jobs.py's module, nor a function of it that asks Slurm
+    (its constants, types and pure parsers are free to use)."""
+    asking = slurm_asking_functions()
+    assert {"query", "query_many", "wait", "cancel"} <= asking, asking
+    offences = [f"{p.relative_to(REPO)} imports {module}.{name}" for p in modules()
+                if not in_runner(p) for module, name in imported_names(p)
+                if (module, name) in (("hpcsuite.runs", "jobs"), ("hpcsuite.runs.jobs", None))
+                or module == "hpcsuite.runs.jobs" and name in asking]
+    assert not offences, offences
+
+
+# Slurm's job clients, and the modules besides the runner that may run them: the batch
+# script's `attempt begin/end` (runs/attempts.py: a requeued attempt's owner, on the compute
+# node) and the ranks' time-limit watch (runtime/).
+JOB_CLIENTS = ("sbatch", "scancel", "squeue", "sacct")
+CLIENTS_ELSEWHERE = {"hpcsuite.runs.attempts", "hpcsuite.runtime.timelimit"}
+
+
+def test_slurms_job_clients_run_only_in_the_runner():
+    offences = []
+    for path in modules():
+        if in_runner(path) or module_name(path) in CLIENTS_ELSEWHERE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "call" and node.args
+                    and isinstance(node.args[0], ast.List) and node.args[0].elts
+                    and isinstance(node.args[0].elts[0], ast.Constant)
+                    and node.args[0].elts[0].value in JOB_CLIENTS):
+                offences.append(f"{path.relative_to(REPO)}:{node.lineno} runs "
+                                f"{node.args[0].elts[0].value}")
+    assert not offences, offences
+
+
+def test_commands_reach_slurm_only_through_the_runner():
+    """cli imports no Slurm effect but the runner's: not hpcsuite.slurm, runs/jobs.py,
+    submit/plan.py's acting or lint's questions to Slurm."""
+    offences = [f"{p.relative_to(REPO)} imports {module}" + (f".{name}" if name else "")
+                for p in modules() if room_of(module_name(p)) == "cli"
+                for module, name in imported_names(p)
+                if module in ("hpcsuite.slurm", "hpcsuite.runs.jobs")
+                or (module, name) in (("hpcsuite", "slurm"), ("hpcsuite.runs", "jobs"),
+                                      ("hpcsuite.submit.lint", "slurm_findings"))]
+    assert not offences, offences
+
+
+def test_planning_is_pure():
+    """submit/plan.py plans; the runner acts (sbatch, the run directory, the registry)."""
+    path = PACKAGE / "submit" / "plan.py"
+    names = {module for module, _ in imported_names(path)} | {
+        f"{module}.{name}" for module, name in imported_names(path)}
+    assert not names & {"subprocess", "hpcsuite.slurm", "hpcsuite.runs.registry",
+                        "hpcsuite.runs.attempts", "hpcsuite.runs.jobs"}, names
+    defined = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"sbatch", "submit"}, defined

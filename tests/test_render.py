@@ -154,10 +154,10 @@ def test_mpiruns_ranks_get_time_to_save_after_slurms_own_sigterm():
 def test_an_sbatch_that_times_out_says_the_job_may_exist_and_keeps_nothing(tmp_path, monkeypatch):
     from hpcsuite import slurm
     from hpcsuite.errors import UserError
-    from hpcsuite.submit import plan as plan_module
+    from hpcsuite.runner.submit import SBATCH_TIMEOUT_S, sbatch
 
     def slow(argv, **kw):
-        assert kw["timeout"] == plan_module.SBATCH_TIMEOUT_S
+        assert kw["timeout"] == SBATCH_TIMEOUT_S
         raise UserError(f"sbatch did not answer within {kw['timeout']}s: {' '.join(argv)}")
 
     monkeypatch.setattr(slurm, "call", slow)
@@ -165,5 +165,5 @@ def test_an_sbatch_that_times_out_says_the_job_may_exist_and_keeps_nothing(tmp_p
     request = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only())
     staged = tmp_path / ".submit-1.sbatch"
     with pytest.raises(UserError, match="may have been submitted all the same: check squeue"):
-        plan_module.sbatch(request, staged)
+        sbatch(request, staged)
     assert not staged.exists()

@@ -131,10 +131,10 @@ def _wait(job_id: str, run_dir: str, as_json: bool) -> tuple[str, dict]:
         raise outcome.error()
     path = Path(run_dir) / REPORT
     if not path.is_file():
-        from ..runs import jobs
+        from ..runner import tail
 
         raise JobFailed(f"job {job_id} completed without writing {path}; last lines of "
-                        f"{outcome.log}:\n{jobs.tail(Path(outcome.log))}")
+                        f"{outcome.log}:\n{tail(Path(outcome.log))}")
     return outcome.state.state, json.loads(path.read_text())
 
 

@@ -200,10 +200,10 @@ def runs(as_json, last):
                    "job's Slurm output file.")
 def logs(run, lines, follow, rank):
     """Print the output of RUN (a job id, a run directory, or a job name)."""
-    from ..runs import jobs
+    from .. import runner
 
     job_id, entry = _find_run(run)
-    state = jobs.query(job_id)
+    state = runner.state(job_id)
     run_dir = _run_dir_of(entry)
     if rank is not None:
         if run_dir is None:
@@ -212,10 +212,8 @@ def logs(run, lines, follow, rank):
         _check_rank(job_id, run_dir, rank)
         path = RunDir(run_dir).rank_log(rank)
     else:
-        path = jobs.log_path(state)
-        if path is None and run_dir is not None:
-            path = RunDir(run_dir).slurm_log(job_id)
-    waiting = jobs.explain_pending(state)
+        path = runner.slurm_log(job_id, state, run_dir)
+    waiting = runner.waiting(state)
     if not follow and (path is None or not path.is_file()):
         if waiting:
             raise UserError(f"job {job_id} is waiting to start ({waiting[0]}): no output yet")
@@ -249,7 +247,7 @@ def _check_rank(job_id: str, run_dir: Path, rank: int) -> None:
 
 def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -> None:
     """Print what is appended to ``path`` until the job has ended and the file is drained."""
-    from ..runs import jobs
+    from .. import runner
 
     def drain() -> None:
         nonlocal offset
@@ -263,7 +261,7 @@ def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -
             click.echo(chunk.decode(errors="replace"), nl=False)
 
     try:
-        jobs.wait(job_id, run_dir=str(run_dir) if run_dir else None, on_tick=drain)
+        runner.follow(job_id, run_dir, on_tick=drain)
     finally:
         time.sleep(0.5)   # the last lines reach the file as the job step ends
         drain()
@@ -310,10 +308,10 @@ def cancel(run):
     """Cancel RUN (a job id, a run directory, or a job name: its latest run); for a job
     array, every element that still waits or runs. Exit 2 when there is nothing to cancel:
     the job has ended, was cancelled already, or Slurm does not know it."""
-    from ..runs import jobs
+    from ..runner import cancel
 
     job_id, _ = _find_run(run)
-    click.echo(jobs.cancel(job_id))
+    click.echo(cancel(job_id))
 
 
 @main.command()

@@ -131,7 +131,7 @@ def lint(spec, profile_path, sets, against_slurm, build):
     r = resolve(spec, profile_path, sets)
     findings = check(r)
     if against_slurm is not False:
-        from ..submit.lint import slurm_findings
+        from ..runner import slurm_findings
 
         try:
             # One problem, one line: what the site profile already refused, Slurm's check

@@ -35,7 +35,7 @@ def satisfied(state, condition: str) -> bool | None:
     return state.ok == (condition == "ok")
 
 
-def resolve(after: list[str], workdir: str | Path, ask_slurm: bool = True, query=None,
+def job_ids_to_wait_for(after: list[str], workdir: str | Path, ask_slurm: bool = True, query=None,
             source: str = "after") -> tuple[list[str], list[str]]:
     """(``after`` as JOBID:condition entries left to wait for, notes on those left out).
     ``ask_slurm`` false: names become ids through the registry only (render, --dry-run).

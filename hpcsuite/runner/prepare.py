@@ -1,5 +1,6 @@
-"""prepare and submit: a spec resolved, linted and planned into a BatchRequest, which
-submit hands to sbatch after the checks that need the file system."""
+"""prepare: a spec resolved, linted and planned into a BatchRequest, which
+:func:`hpcsuite.runner.submit` hands to sbatch after the checks that need the file
+system."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..submit.lint import Finding
-from ..submit.plan import BatchRequest, Submitted
+from ..submit.plan import BatchRequest
 from ..records import Record, record
 
 
@@ -36,12 +37,19 @@ class Prepared(Record):
 def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
     """Every finding about a resolved job; Slurm is asked only when nothing else is wrong."""
     from ..submit.datacheck import data_findings
-    from ..submit.lint import lint, slurm_findings
+    from ..submit.lint import lint
 
     findings = lint(resolved.job, resolved.profile, base) + data_findings(resolved.job, base)
     if against_slurm and not any(f.level == "error" for f in findings):
         findings += slurm_findings(resolved.job)
     return findings
+
+
+def slurm_findings(job) -> list[Finding]:
+    """What Slurm says of the job (its partition's limits, asked of sinfo and scontrol)."""
+    from ..submit import lint
+
+    return lint.slurm_findings(job)
 
 
 def prepare(spec: str, profile_path: str | None = None, template_dir: str | None = None,
@@ -89,8 +97,8 @@ def with_dependencies(job, extra: tuple[str, ...], spec: str, workdir: Path, ask
     for entry in extra:
         if not re.fullmatch(AFTER, entry):
             raise UserError(f"--after: {entry[:80]!r} is not valid: {AFTER_HELP}")
-    pending, notes = after.resolve(job.after, workdir, ask_slurm, source=f"{spec}: after")
-    more, more_notes = after.resolve(list(extra), workdir, ask_slurm, source="--after")
+    pending, notes = after.job_ids_to_wait_for(job.after, workdir, ask_slurm, source=f"{spec}: after")
+    more, more_notes = after.job_ids_to_wait_for(list(extra), workdir, ask_slurm, source="--after")
     return dataclasses.replace(job, after=list(dict.fromkeys(pending + more))), notes + more_notes
 
 
@@ -116,24 +124,3 @@ def validate_templates(path, names: list[str], specs: list[Path],
     return [f"{text} (rendering {broke[0]}" + (f" and {len(broke) - 1} other example spec"
                                                 f"{'s' if len(broke) > 2 else ''})" if broke[1:] else ")")
             for text, broke in problems.items()]
-
-
-# ---------------------------------------------------------------------- submit
-
-def held(request: BatchRequest) -> BatchRequest:
-    """The request submitted held: it starts after ``scontrol release JOBID``."""
-    if "--hold" in request.sbatch_argv:
-        return request
-    return dataclasses.replace(request, sbatch_argv=[*request.sbatch_argv, "--hold"])
-
-
-def submit(request: BatchRequest, hold: bool = False) -> Submitted:
-    """Refuse before sbatch what would go wrong in the job (a checkpoint directory another
-    live job writes, or one whose run has finished), then write the script and call sbatch."""
-    from ..runs.attempts import check_before_submit
-    from ..submit.plan import submit as sbatch
-
-    check_before_submit(request.job, request.workdir)
-    return sbatch(held(request) if hold else request)
-
-

@@ -80,6 +80,7 @@ def wait(job_id: str, run_dir: str, timeout: float | None = None,
     every second after (state and the run directory's latest progress: the live line).
     Giving up after ``timeout`` seconds is a UserError; the job goes on."""
     from ..runs import jobs
+    from ..runs.attempts import SAVED
     from ..runs.results import Results
 
     current = {"state": None}
@@ -106,6 +107,6 @@ def wait(job_id: str, run_dir: str, timeout: float | None = None,
         failed = INPUT_ERROR if (state.exit_code or "").startswith("2:") else FAILED
         return Outcome(job_id=job_id, run_dir=run_dir, exit_class=failed, state=state,
                        results=results, log=str(log), tail=jobs.tail(log))
-    stopped = results is not None and results.status in ("preempted", "time_limit")
+    stopped = results is not None and results.status in SAVED
     return Outcome(job_id=job_id, run_dir=run_dir, exit_class=STOPPED if stopped else COMPLETED,
                    state=state, results=results, log=str(log))

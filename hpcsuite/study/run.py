@@ -53,13 +53,13 @@ def point_done(sd: StudyDir, point: Point, entry: dict) -> bool:
 
 def refresh(sd: StudyDir, state: dict) -> None:
     """Bring each submitted point's entry up to date with Slurm."""
-    from ..runs import jobs
+    from ..runner import states
 
     points = {p.id: p for p in sd.points()}
     open_ = {pid: e for pid, e in state.items()
              if e.get("status") not in ("done", "failed") and e.get("job_id")}
     # One Slurm query for every point in flight, however many there are.
-    known = jobs.query_many([e["job_id"] for e in open_.values()]) if open_ else {}
+    known = states([e["job_id"] for e in open_.values()]) if open_ else {}
     for pid, entry in open_.items():
         point = points[pid]
         slurm_state = known.get(entry["job_id"])
@@ -76,8 +76,9 @@ def refresh(sd: StudyDir, state: dict) -> None:
 
 
 def step(sd: StudyDir, profile_path: str | None, say: Callable[[str], None]) -> Progress:
-    """One pass: refresh, then submit what fits under max_in_flight. Saves the state."""
-    from ..submit.plan import submit
+    """One pass: refresh, then submit what fits under max_in_flight (through
+    :func:`hpcsuite.runner.submit`, with a plain job's checks and record). Saves the state."""
+    from ..runner import submit
 
     study = sd.study()
     state = sd.state()

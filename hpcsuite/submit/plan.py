@@ -1,12 +1,11 @@
-"""Planning is pure: (job spec, site profile, templates) -> BatchRequest. Submitting acts."""
+"""Planning is pure: (job spec, site profile, templates) -> BatchRequest. Submitting it is the
+runner's (:func:`hpcsuite.runner.submit`)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 from dataclasses import field
-from pathlib import Path
 
 from ..errors import UserError
 from ..records import Record, record
@@ -120,8 +119,6 @@ OPTION_KEYS = {"account": "resources.account", "qos": "resources.qos",
 def dependency(after: list[str]) -> str:
     """sbatch --dependency for ``after`` once its names are job ids (:mod:`hpcsuite.runner.after`
     resolves them): ``afterok:12:13,afterany:14``; every condition must hold."""
-    from ..errors import UserError
-
     groups: dict[str, list[str]] = {}
     for entry in after:
         job, _, condition = entry.partition(":")
@@ -305,69 +302,3 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
     return BatchRequest(job=job, script=script, sbatch_argv=["sbatch", "--parsable"],
                         run_root=run_root, template=str(template_file), profile=to_dict(profile),
                         array=array)
-
-
-@record
-class Submitted(Record):
-    job_id: str
-    run_dir: str
-    script_path: str
-
-
-SBATCH_TIMEOUT_S = 300
-
-
-def sbatch(request: BatchRequest, staged: Path) -> str:
-    """Write the script to ``staged``, call sbatch on it from the work directory (SBATCH_*
-    stripped from the environment), and return the job id; the file is removed if sbatch fails."""
-    from .. import slurm
-
-    staged.write_text(request.script)
-    try:
-        # A busy controller (fifty submits at once on a loaded machine, seen in CI) can keep
-        # sbatch a minute or more; a timeout here may leave a job submitted without its id.
-        done = slurm.call([*request.sbatch_argv, str(staged)], cwd=request.workdir,
-                          env=slurm.slurm_env(strip_sbatch=True), timeout=SBATCH_TIMEOUT_S)
-        return slurm.parse_sbatch_parsable(done.stdout)
-    except BaseException as e:
-        staged.unlink(missing_ok=True)
-        if isinstance(e, UserError) and "did not answer" in str(e):
-            raise UserError(f"{e} (the controller is busy; the job may have been submitted "
-                            "all the same: check squeue before submitting again)") from None
-        raise
-
-
-def submit(request: BatchRequest) -> Submitted:
-    """Write the script, call sbatch from the work directory, record what was submitted."""
-    root = rundir.RunRoot(Path(request.workdir) / request.run_root)
-    root.path.mkdir(parents=True, exist_ok=True)
-    staged = root.staged_script(dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f"))
-    job_id = sbatch(request, staged)
-    run = root.run(job_id)
-    run_dir = run.path
-    run_dir.mkdir(parents=True, exist_ok=True)
-    script_path = run.script
-    os.replace(staged, script_path)
-    submitted_at = dt.datetime.now().isoformat(timespec="seconds")
-    run.submit.write_text(json.dumps({
-        "job_id": job_id, "submitted_at": submitted_at,
-        "workdir": request.workdir, "template": request.template, "spec": request.spec,
-        "sbatch_argv": [*request.sbatch_argv, str(script_path)],
-    }, indent=2) + "\n")
-    import logging
-
-    from ..runs import registry
-
-    try:   # the job is in Slurm's hands now: a failure to record it must not hide its id
-        run.profile.write_text(json.dumps(request.profile, indent=2, sort_keys=True) + "\n")
-        registry.record(request.workdir, {
-            "job_id": job_id, "name": request.job.name, "run_dir": str(run_dir),
-            "spec": request.spec, "spec_digest": request.job.digest(),
-            "template": request.template, "script": str(script_path),
-            "git": registry.git_state(request.workdir)})
-    except OSError as e:
-        logging.getLogger(__name__).warning(
-            "submitted job %s, but could not record it in %s: %s", job_id,
-            registry.path_in(request.workdir), e.strerror or e)
-    logging.getLogger(__name__).info("submitted job %s, run directory %s", job_id, run_dir)
-    return Submitted(job_id=job_id, run_dir=str(run_dir), script_path=str(script_path))

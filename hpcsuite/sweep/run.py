@@ -12,7 +12,6 @@ directory (``$SLURM_ARRAY_TASK_ID`` picks it).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import os
@@ -221,53 +220,24 @@ def job_json(job) -> str:
 
 
 def submit_array(sd: SweepDir, request: BatchRequest, indices: list[int], jobs: list,
-                 workdir: Path, waits_for: list[str] = ()) -> str:
-    """Refuse what would go wrong in an element (a checkpoint directory another live job
-    writes, a finished one), then sbatch the array (``waits_for``: jobs it starts after, all
-    of them ended); record it in the sweep directory and the run registry. Returns the
-    array's job id."""
-    import logging
+                 waits_for: list[str] = ()) -> str:
+    """Submit the array through :func:`hpcsuite.runner.submit` (``jobs``: its elements', each
+    checked before sbatch like a plain job; ``waits_for``: jobs it starts after, all of them
+    ended), which records it in the sweep directory and the run registry. Returns the array's
+    job id."""
+    from ..runner import submit
 
-    from ..runs import registry
-    from ..runs.attempts import check_before_submit
-    from ..runs.rundir import RunRoot
-    from ..submit.plan import sbatch
-
-    for job in jobs:
-        check_before_submit(job, workdir)
-    RunRoot(workdir / request.run_root).path.mkdir(parents=True, exist_ok=True)  # Slurm's logs
-    staged = sd.staged_script()
-    staged.parent.mkdir(exist_ok=True)
     if waits_for:
         request = dataclasses.replace(request, sbatch_argv=[
             *request.sbatch_argv, f"--dependency={throttle_dependency(request.job, waits_for)}"])
-    job_id = sbatch(request, staged)
-    script = sd.script(job_id)
-    os.replace(staged, script)
-    entry = {"array_job_id": job_id, "indices": indices, "array": request.array.spec,
-             "script": str(script), "sbatch_argv": [*request.sbatch_argv, str(script)],
-             "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-             **({"waits_for": list(waits_for)} if waits_for else {})}
-    try:   # the array is in Slurm's hands now: a failure to record it must not hide its id
-        sd.record_submission(entry)
-        registry.record(workdir, {
-            "job_id": job_id, "name": request.job.name,
-            "run_dir": str(RunRoot(workdir / request.run_root).path), "spec": request.spec,
-            "spec_digest": request.array.digest, "template": request.template,
-            "script": str(script), "git": registry.git_state(workdir),
-            "array": {"sweep": sd.definition()["name"], "sweep_dir": str(sd.path),
-                      "indices": indices}})
-    except OSError as e:
-        logging.getLogger(__name__).warning("submitted job array %s, but could not record it: %s",
-                                            job_id, e.strerror or e)
-    return job_id
+    return submit(request, jobs=jobs, sweep=sd, indices=indices, waits_for=waits_for).job_id
 
 
 def run(planned: PlannedSweep) -> tuple[SweepDir, str]:
     """Write the sweep directory and submit every element as one job array."""
     sd = create(planned)
     indices = [e.index for e in planned.elements]
-    return sd, submit_array(sd, planned.request, indices, planned.jobs, planned.workdir)
+    return sd, submit_array(sd, planned.request, indices, planned.jobs)
 
 
 def max_parallel(sd: SweepDir) -> int:
@@ -356,7 +326,7 @@ def resubmit(sd: SweepDir, index: int, profile_path: str | None = None,
                         "submitted. Run a new sweep for the changed job")
     limit = max_parallel(sd)
     waits = waits_for(sd, rows, limit)
-    return Resubmitted(job_id=submit_array(sd, p.request, [index], [job], workdir, waits),
+    return Resubmitted(job_id=submit_array(sd, p.request, [index], [job], waits),
                        waits_for=waits, max_parallel=limit)
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..errors import UserError
 from ..records import Record, record
-from ..runs import jobs
+from ..runs.jobs import NEVER_RAN as _NEVER_RAN
 from .sweepdir import SweepDir
 
 
@@ -48,7 +48,7 @@ def element_rows(sd: SweepDir, query=None) -> tuple[dict[int, dict], str | None]
 
 # Slurm keeps no record of an array element cancelled before it started (it never became a
 # job of its own): no record and no run directory says it never ran (runs.jobs names it).
-NEVER_RAN = jobs.NEVER_RAN
+NEVER_RAN = _NEVER_RAN
 
 
 def _unknown(job_id: str | None, run_dir: str | None) -> str:
