@@ -28,7 +28,7 @@ from pathlib import Path
 
 from budget import Budget, cancel_jobs_under, run_group
 from hpcsuite.alphabeta import FitError, bus_bandwidth, fit
-from hpcsuite.allreduce import format_size
+from hpcsuite.allreduce_sizes import format_size
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ from .runtime.job_io import load_job, publish
 from .runtime.policy import VOTE_SECONDS
 from .runtime.session import Session, checksum
 from .runtime.sharding import Batch, Cursor, Sharder
-from .runtime.state import keras_state, load_keras_state, load_torch_state, torch_state
+from .runtime.framework_state import keras_state, load_keras_state, load_torch_state, torch_state
 from .submit.spec import JobSpec
 
 log = logging.getLogger("hpcsuite.api")

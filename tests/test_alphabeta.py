@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsuite import slurm
-from hpcsuite.allreduce import DEFAULT_SIZES, format_size, parse_sizes
+from hpcsuite.allreduce_sizes import DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.alphabeta import AlphaBeta, FitError, bus_bandwidth, fit
 from hpcsuite.cli import main
 from hpcsuite.runtime import allreduce_bench as ab

@@ -10,8 +10,8 @@ from conftest import REPO
 PACKAGE = REPO / "hpcsuite"
 ROOMS = ("cli", "runner", "submit", "runs", "study", "sweep", "site", "runtime")
 # the shared core, at the top
-LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce", "fabrics",
-          "gpuhealth")
+LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce_sizes",
+          "fabrics", "gpuhealth")
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
 
 # What each room may import besides itself and the core leaves.

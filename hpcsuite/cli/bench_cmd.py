@@ -62,7 +62,7 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
     The run directory gets allreduce.json (everything, including the fits) and allreduce.csv.
     """
     from .. import runner
-    from ..allreduce import DEFAULT_SIZES, parse_sizes
+    from ..allreduce_sizes import DEFAULT_SIZES, parse_sizes
     from ..study.allreduce_job import NAME, job_spec
     from ..submit.spec import NAME as NAME_PATTERN, PATH, WALLTIME
 
@@ -157,7 +157,7 @@ def _rate(bps: float) -> str:
 
 def _table(report: dict, job_id: str, run_dir: str) -> str:
     from ..alphabeta import MODEL, AlphaBeta, FitError
-    from ..allreduce import format_size
+    from ..allreduce_sizes import format_size
     from ..runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV
 
     hosts = ", ".join(dict.fromkeys(report["hosts"]))

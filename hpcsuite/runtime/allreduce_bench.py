@@ -28,7 +28,7 @@ seconds, bandwidths in bytes/s, algbw = S/t and busbw = algbw·2(N−1)/N (nccl-
 
 An entry point, not a library: the login side builds this job
 (:mod:`hpcsuite.study.allreduce_job`) and shares the ``--sizes`` syntax and the defaults with
-it through :mod:`hpcsuite.allreduce`. Only the standard library is imported at module level.
+it through :mod:`hpcsuite.allreduce_sizes`. Only the standard library is imported at module level.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 # Run as a script (runpy.run_path): absolute imports only.
-from hpcsuite.allreduce import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes
+from hpcsuite.allreduce_sizes import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
 from hpcsuite.runtime.collective_timing import time_op  # noqa: E402
 from hpcsuite.runtime.shm import private_shm  # noqa: E402

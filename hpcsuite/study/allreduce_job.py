@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..allreduce import DEFAULT_BUDGET_S
+from ..allreduce_sizes import DEFAULT_BUDGET_S
 
 NAME = "allreduce-bench"
 SCRIPT = Path(__file__).resolve().parent.parent / "runtime" / "allreduce_bench.py"
