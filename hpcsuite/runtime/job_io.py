@@ -2,7 +2,8 @@
 resolved job, the host name it reports, the results and the preemption marker.
 
 No framework, no training module: :mod:`.train` (the entry point), :mod:`.loop`, :mod:`.session`
-and :mod:`hpcsuite.api` all import it, and it imports none of them.
+and script mode (:mod:`.script_run`, :mod:`.script_job`) all import it, and it imports none of
+them.
 """
 
 from __future__ import annotations

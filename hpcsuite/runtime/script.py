@@ -2,7 +2,7 @@
 
 ``hpcsuite train`` comes here when the job has ``train.script``: the preemption signals are
 already caught (so a signal during the script's imports is remembered, not fatal), the script
-finds the job through ``HPCSUITE_JOB``/``HPCSUITE_RUN_DIR`` (see :mod:`hpcsuite.api`), and a
+finds the job through ``HPCSUITE_JOB``/``HPCSUITE_RUN_DIR`` (see :mod:`.script_job`), and a
 run the script left open is finished for it.
 """
 
@@ -19,7 +19,8 @@ from ..submit.spec import JobSpec
 
 
 def run_script(job: JobSpec, run_dir: Path) -> None:
-    from .. import api, usercode
+    from .. import usercode
+    from .script_run import active
 
     script = Path(job.train.script)
     if not script.is_file():
@@ -30,6 +31,6 @@ def run_script(job: JobSpec, run_dir: Path) -> None:
     sys.path[:0] = [str(script.parent.absolute()), *(str(d) for d in dirs[1:])]
     sys.argv = [str(script), *job.train.args]
     runpy.run_path(str(script), run_name="__main__")
-    run = api.active()
+    run = active()
     if run is not None:
         run.finish()
