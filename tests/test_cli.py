@@ -38,7 +38,7 @@ def test_bad_spec_is_one_line_exit_2(tmp_path):
         f'error: {bad}: train.epoch: unknown key (did you mean "epochs"?); valid keys: '
         "args, backend, batch_size, checkpoint, data, epochs, eval, grad_accumulation, horovod, "
         "ledger, loss, lr, max_steps, model, model_args, monitor, optimizer, precision, preemption, pythonpath, "
-        "schedule, script, seed, startup_timeout_seconds"]
+        "schedule, script, seed, startup_timeout_seconds, tracking"]
 
 
 def test_bad_profile_exit_2(tmp_path):
