@@ -71,7 +71,8 @@ def user_model(a) -> str:
     return f"{USER / 'model.py'}:{name if a.backend == 'torch' else name + '_keras'}"
 
 
-def hpcsuite_run(a, work: Path) -> tuple[float, float]:
+def hpcsuite_run(a, work: Path, train: dict | None = None) -> tuple[float, float]:
+    """One `hpcsuite train` of the job; ``train``: more train keys (bench/tracking_step.py)."""
     samples = a.samples or a.batch * 2 * a.steps
     data = {"samples": samples, "shape": a.shape, "classes": 10, "workers": 0}
     model = a.model
@@ -83,6 +84,7 @@ def hpcsuite_run(a, work: Path) -> tuple[float, float]:
            "batch_size": a.batch, "epochs": 1, "lr": 0.01}}
     if a.samples:        # a dataset smaller than the run: epoch after epoch, up to --steps
         job["train"].update(epochs=10 ** 6, max_steps=a.steps)
+    job["train"].update(train or {})
     run = Path(tempfile.mkdtemp(dir=work))
     (run / "job.json").write_text(json.dumps(job))
     run_group([*mpirun(a), "-x", "HPCSUITE_RUN_DIR", sys.executable, "-m", "hpcsuite", "train",
