@@ -89,7 +89,9 @@ def cli_page() -> str:
            "Every `hpcsuite` command and option, read from the Click commands themselves "
            "(`hpcsuite COMMAND --help` prints the same). Commands marked *internal* are run by "
            "the batch script on the compute nodes, not by users.\n"]
-    for ctx, command in commands(main, click.Context(main, info_name="hpcsuite")):
+    # the group's own context_settings (-h too), as `hpcsuite` itself runs with them
+    top = click.Context(main, info_name="hpcsuite", **main.context_settings)
+    for ctx, command in commands(main, top):
         path = ctx.command_path
         slug = path.replace(" ", "-")
         internal = " *(internal)*" if command.hidden or (ctx.parent and ctx.parent.command.hidden) else ""
