@@ -117,7 +117,8 @@ class Resources(Record):
         key_help="not an sbatch long option name (write reservation, not --reservation)",
         values={"coerce": True, "max_length": 1000, "nonempty": True,
                 "check": header_text_problem}))
-    binding: Binding = field(default_factory=Binding)
+    binding: Binding = field(default_factory=Binding, metadata=meta(
+        "how ranks are pinned to CPUs; unset keys come from the site profile's mpi.binding"))
 
     @property
     def gpus_on_node(self) -> int:

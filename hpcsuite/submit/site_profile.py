@@ -91,7 +91,8 @@ class Partition(Record):
 
 @record
 class Mpi(Record):
-    flavour: str = field(default="openmpi", metadata=meta(pattern=r"openmpi",
+    flavour: str = field(default="openmpi", metadata=meta("the MPI library the ranks use",
+                                                        pattern=r"openmpi",
                                                         pattern_help="supported: openmpi"))
     srun_mpi: str = field(default="pmix", metadata=meta(
         "srun --mpi plugin", pattern=r"pmix(_v\d)?|pmi2|none", pattern_help="pmix, pmix_vN, pmi2 or none"))

@@ -76,7 +76,9 @@ def path_problem(text: str) -> str | None:
 
 @record
 class Data(Record):
-    kind: Literal["synthetic", "npy", "hdf5", "python"] = "synthetic"
+    kind: Literal["synthetic", "npy", "hdf5", "python"] = field(default="synthetic", metadata=meta(
+        "where the samples come from: synthetic (a learnable set generated from train.seed), "
+        "npy (.npy arrays), hdf5 (datasets in an HDF5 file) or python (your factory function)"))
     samples: int = field(default=4096, metadata=meta("synthetic: number of samples", min=1))
     shape: list[int] = field(default_factory=lambda: [32], metadata=meta(
         "synthetic: shape of one input, e.g. [32] or [3, 16, 16] (channels first)", min=1))
@@ -115,8 +117,12 @@ class Data(Record):
 class HorovodKnobs(Record):
     """Rendered as HOROVOD_* variables for every rank by the template (not set from Python);
     names, defaults and variables: :data:`hpcsuite.submit.knobs.KNOBS`."""
-    compression: Literal["none", "fp16"] = _knobs.default("compression")
-    op: Literal["average", "adasum"] = _knobs.default("op")
+    compression: Literal["none", "fp16"] = field(default=_knobs.default("compression"), metadata=meta(
+        "fp16: gradients travel as float16 (Horovod's Compression.fp16, half the bytes); none: "
+        "as they are"))
+    op: Literal["average", "adasum"] = field(default=_knobs.default("op"), metadata=meta(
+        "how the ranks' gradients combine: average (ring allreduce) or adasum (Horovod's "
+        "Adasum)"))
     fusion_threshold_mb: int = field(default=_knobs.default("fusion_threshold_mb"),
                                      metadata=meta(min=0, max=4096))
     cycle_time_ms: float = field(default=_knobs.default("cycle_time_ms"),
@@ -176,7 +182,9 @@ class Monitor(Record):
 
 @record
 class Preemption(Record):
-    signal: Literal["USR1", "USR2", "TERM"] = "USR1"
+    signal: Literal["USR1", "USR2", "TERM"] = field(default="USR1", metadata=meta(
+        "the signal Slurm sends the batch shell lead_seconds before the time limit (sbatch "
+        "--signal): the ranks save a checkpoint and stop"))
     lead_seconds: Optional[int] = field(default=None, metadata=meta(
         "ask Slurm for SIGNAL this long before the time limit (0: off). Default, when "
         "checkpoints are on: 30 s, and the ranks also stop by themselves once the time left is "
@@ -205,7 +213,8 @@ class Preemption(Record):
 
 @record
 class Optimizer(Record):
-    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    name: Literal["sgd", "adam", "adamw"] = field(default="sgd", metadata=meta(
+        "the optimizer, the same in torch and TensorFlow: sgd (with momentum), adam or adamw"))
     momentum: float = field(default=0.9, metadata=meta("sgd: momentum", min=0.0, max=1.0))
     weight_decay: float = field(default=0.0, metadata=meta(
         "weight decay (sgd in torch: L2 added to the gradient; adamw, and Keras: decoupled)",
@@ -225,7 +234,9 @@ class Schedule(Record):
     warmup_epochs: float = field(default=0.0, metadata=meta(
         "rise linearly to the peak over this many epochs (from lr when scaling, else from 0)",
         min=0.0, max=10000.0))
-    decay: Literal["constant", "step", "cosine"] = "constant"
+    decay: Literal["constant", "step", "cosine"] = field(default="constant", metadata=meta(
+        "after warm-up: constant, step (x gamma every step_epochs) or cosine (down to min_lr "
+        "at the last epoch)"))
     step_epochs: float = field(default=30.0, metadata=meta(
         "step: multiply by gamma every this many epochs after warm-up", min=0.001))
     gamma: float = field(default=0.1, metadata=meta("step: the factor", min=0.0, max=1.0))
@@ -250,7 +261,9 @@ class Eval(Record):
 
 @record
 class Train(Record):
-    backend: Literal["torch", "tensorflow"] = "torch"
+    backend: Literal["torch", "tensorflow"] = field(default="torch", metadata=meta(
+        "the framework the ranks train with: torch (horovod.torch) or tensorflow "
+        "(horovod.tensorflow, Keras 3)"))
     model: str = field(default="mlp", metadata=meta(
         "a built-in model (mlp, resnet) or a builder FILE.py:function / package.module:function "
         "called as function(input_shape, classes) (classes: the target shape for mse)",
@@ -301,7 +314,9 @@ class Train(Record):
     tracking: Optional[Tracking] = field(default=None, metadata=meta(
         "experiment tracking: {mlflow: {uri, experiment}} (rank 0 logs to MLflow); unset: off",
         omit_unset=True))      # job.json (and the spec's digest) as before when unset
-    seed: int = field(default=1234, metadata=meta(min=0, max=2**32 - 1))
+    seed: int = field(default=1234, metadata=meta(
+        "the random seed: the model's initial weights, synthetic data, the validation split "
+        "and each epoch's order of samples", min=0, max=2**32 - 1))
     startup_timeout_seconds: int = field(default=600, metadata=meta(
         "end the job when a rank has trained no step this many seconds after it started, "
         "naming where the ranks stopped (before Horovod's init, inside it, before the first "
@@ -371,8 +386,11 @@ class Preflight(Record):
 class JobSpec(Record):
     name: str = field(metadata=meta("job name", pattern=NAME, pattern_help=NAME_HELP))
     template: str = field(default="horovod", metadata=meta(
-        pattern=TEMPLATE_NAME, pattern_help="a template name: letters, digits, _ . - (no /)"))
-    launcher: Literal["mpirun", "srun"] = "mpirun"
+        "the sbatch template, NAME.sbatch.j2 found first on the search path: --template-dir, "
+        "the project's, the user's, the site's, the built-in ones", pattern=TEMPLATE_NAME, pattern_help="a template name: letters, digits, _ . - (no /)"))
+    launcher: Literal["mpirun", "srun"] = field(default="mpirun", metadata=meta(
+        "how the batch script starts the ranks: mpirun (OpenMPI) or srun (with the site's "
+        "mpi.srun_mpi plugin, pmix by default)"))
     output_dir: str = field(default="runs", metadata=meta(
         "where run directories go, relative to the submit directory (it names the Slurm log in "
         "the #SBATCH header, so only plain path characters)", pattern=PATH, pattern_help=PATH_HELP,
