@@ -67,6 +67,28 @@ def test_preemptions_requeue_without_limit_failures_up_to_the_budget(tmp_path, c
     assert code == 2 and "not requeued, it would fail the same way" in lines[-1]
 
 
+def test_a_rank_that_failed_on_input_is_exit_2_when_srun_killed_the_others(tmp_path, calls,
+                                                                          monkeypatch):
+    """srun returns its tasks' highest status: 143 when rank 0 exited 2 (a preflight's or the
+    job's input error) and srun then TERMed rank 1. Seen in CI: the attempt was requeued."""
+    from hpcsuite.runs.rundir import RunDir, failure_text
+
+    seen, _ = calls
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    j = job(max_failures=2)
+    RunDir(run).failed(0).write_text(failure_text(0, 2, "error: preflight.fabric: too slow"))
+    code, lines = end(run, j, 143, 0, monkeypatch)
+    assert code == 2 and "failed (exit 2: the error hpcsuite reported above); not requeued" \
+        in lines[-1]
+    assert attempts.read_records(run)[-1]["exit"] == 2 and not seen
+    RunDir(run).failed(1).write_text(failure_text(1, 1, "Traceback ...\nValueError: x"))
+    code, lines = end(run, j, 143, 1, monkeypatch)           # a crash: retried as before
+    assert code == 143 and "failure 2 of at most 2" in lines[-1]     # attempt 0 counts
+    code, lines = end(run, j, 137, 2, monkeypatch)           # no marker: as before
+    assert code == 137 and "(exit 137); not requeued: 3 failed attempts" in lines[-1]
+
+
 def test_begin_counts_attempts_that_left_no_record_and_stops_at_the_budget(tmp_path, calls, monkeypatch):
     run = tmp_path / "runs" / "a" / "42"
     run.mkdir(parents=True)

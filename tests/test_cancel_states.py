@@ -177,8 +177,9 @@ def test_status_of_a_job_that_failed_on_a_reported_error_shows_it(monkeypatch, t
     from hpcsuite.runner import describe
 
     run_dir = _run_with_job(tmp_path, monkeypatch)
-    (run_dir / "FAILED-attempt-0").write_text("rank 1\nerror: job.json: train.data.path: "
-                                              "/x.npy: no such file\n")
+    from hpcsuite.runs.rundir import failure_text
+    (run_dir / "FAILED-attempt-0").write_text(failure_text(1, 2, "error: job.json: "
+                                                           "train.data.path: /x.npy: no such file"))
     (run_dir / "FAILED-attempt-10").write_text("rank 3\nTraceback (most recent call last):\n"
                                                "  File \"m.py\", line 3\nValueError: bad shape\n")
     fake_slurm(monkeypatch, "21|FAILED\n", "JobId=21 JobState=FAILED ExitCode=1:0")

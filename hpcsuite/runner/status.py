@@ -199,6 +199,8 @@ def reported_error(run_dir: Path | None) -> dict | None:
         return None
     rank = lines[0].partition(" ")[2] if lines and lines[0].startswith("rank ") else None
     body = lines[1:] if rank is not None else lines
+    if body and re.fullmatch(r"exit \d+", body[0]):
+        body = body[1:]
     said = [l[len("error: "):] for l in body if l.startswith("error: ")]
     message = said[0] if said else (body[-1] if body else "no message")
     return {"attempt": attempt, "rank": int(rank) if rank and rank.isdigit() else rank,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .checkpoint_dir import OWNER, newest_checkpoint
-from .rundir import RunDir, RunRoot
+from .rundir import RunDir, RunRoot, failure_exit
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
@@ -212,6 +212,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
 
     run_dir = Path(run_dir)
     n = attempt_number()
+    status = _job_status(run_dir, n, status)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     pre = job.train.preemption
     marker = RunDir(run_dir).preempted
@@ -274,6 +275,16 @@ def _slurm_stop_line(n: int, what: str, stop: str, step: int | None, saved: bool
 
 
 STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
+
+
+def _job_status(run_dir: Path, n: int, status: int) -> int:
+    """The launcher's ``status``, or 2 where a rank failed on the job's input (exit 2, its
+    FAILED marker says) and srun, which ends the other ranks then, returned 128 + their
+    signal (the highest status of its tasks): a failure that would repeat, never requeued."""
+    if status > 128 and stop_signal(run_dir, n) is None and \
+            failure_exit(RunDir(run_dir).failed(n)) == 2:
+        return 2
+    return status
 
 
 def stop_signal(run_dir: Path, attempt: int) -> str | None:

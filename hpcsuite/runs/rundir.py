@@ -128,6 +128,23 @@ def failed_name(attempt: int | str) -> str:
     return f"{FAILED}-attempt-{attempt}"
 
 
+def failure_text(rank: int, code: int, text: str) -> str:
+    """A FAILED-attempt-N marker's text: the first rank that failed, the status it exits with,
+    then what it said (``error: ...`` lines or a traceback)."""
+    return f"rank {rank}\nexit {code}\n{text}\n"
+
+
+def failure_exit(path: Path) -> int | None:
+    """The exit status a FAILED marker's rank ended with (None: no marker, or none said)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()[:2]
+    except OSError:
+        return None
+    words = lines[1].split() if len(lines) > 1 else []
+    return int(words[1]) if len(words) == 2 and words[0] == "exit" and words[1].isdigit() \
+        else None
+
+
 def startup_name(attempt: int | str) -> str:
     return f"{STARTUP}/attempt-{attempt}"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .. import gpuhealth
 from ..runs.attempts import attempt_number
-from ..runs.rundir import ENV, RunDir
+from ..runs.rundir import ENV, RunDir, failure_text
 from .job_io import load_job
 
 PAIRWISE_MAX_NODES = 16
@@ -224,7 +224,7 @@ def report_failure(run_dir: Path, lines: list[str]) -> None:
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "w") as f:
-            f.write("rank 0\n" + "".join(f"error: {line}\n" for line in lines))
+            f.write(failure_text(0, 2, "\n".join(f"error: {line}" for line in lines)))
     except OSError:
         pass
     for line in lines:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import UserError, count
 from ..runs.attempts import attempt_number
-from ..runs.rundir import ENV, RunDir
+from ..runs.rundir import ENV, RunDir, failure_text
 from ..submit.spec import JobSpec
 from . import startup
 from .job_io import hostname, load_job, publish
@@ -212,7 +212,7 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None)
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "w") as f:
-            f.write(f"rank {rank}\n{text}\n")
+            f.write(failure_text(rank, code, text))
     except FileExistsError:
         first = False
     except OSError:
