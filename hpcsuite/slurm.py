@@ -175,27 +175,6 @@ def parse_sinfo_shapes(stdout: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def walltime_seconds(text: str) -> int:
-    """Slurm's time formats (--time, a partition's MaxTime, squeue's %L): minutes, MM:SS,
-    HH:MM:SS, D-HH[:MM[:SS]]."""
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-        parts = [int(p) for p in text.split(":")]
-        parts += [0] * (3 - len(parts))
-        h, m, s = parts
-    else:
-        parts = [int(p) for p in text.split(":")]
-        if len(parts) == 1:
-            h, m, s = 0, parts[0], 0
-        elif len(parts) == 2:
-            h, m, s = 0, parts[0], parts[1]
-        else:
-            h, m, s = parts
-    return ((days * 24 + h) * 60 + m) * 60 + s
-
-
 def partition(name: str | None) -> Partition | None:
     """The named partition (None: the cluster's default) as Slurm describes it now; None when
     Slurm has no such partition. A Slurm that does not answer is a UserError."""

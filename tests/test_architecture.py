@@ -24,7 +24,7 @@ ALLOWED = {
     "submit": {"runs.rundir", "templates"},
     "runs": set(),
     # submit.config: script mode tried by hand resolves its spec as `hpcsuite submit` would
-    "runtime": {"submit.spec", "submit.config", "runs.rundir", "runs.results", "runs.attempts",
+    "runtime": {"submit.spec", "submit.values", "submit.config", "runs.rundir", "runs.results", "runs.attempts",
                 "runs.stragglers", "runs.checkpoint_dir", "models"},
 }
 

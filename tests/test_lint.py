@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsuite.cli import main
-from hpcsuite.slurm import walltime_seconds
+from hpcsuite.submit.values import walltime_seconds
 from hpcsuite.submit.lint import lint
 from hpcsuite.submit.site_profile import Partition, SiteProfile
 from hpcsuite.submit.spec import spec_from_dict

@@ -25,7 +25,7 @@ ESTIMATE_BYTES_PER_S = 50e6      # a slow shared filesystem, until a save has be
 def parse_time_left(text: str) -> float | None:
     """squeue's %L ([days-]hours:minutes:seconds, leading fields dropped): seconds, or None
     for UNLIMITED / NOT_SET / anything else."""
-    from ..slurm import walltime_seconds
+    from ..submit.values import walltime_seconds
 
     text = text.strip()
     try:

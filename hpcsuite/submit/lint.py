@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..records import Record, record
 from ..errors import close_match, count
-from ..slurm import walltime_seconds
+from .values import walltime_seconds
 from .site_profile import SiteProfile
 from .spec import JobSpec
 

@@ -218,7 +218,7 @@ def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
 def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
                  run_root: str, source: str, array: ArrayPlan | None = None) -> None:
     """Read the rendered header as sbatch will and refuse what breaks the site's rules."""
-    from .lint import walltime_seconds
+    from .values import walltime_seconds
 
     fixed, why = fixed_options(job, profile, locks, run_root, array)
     found = check_fixed(script, fixed, source, why)

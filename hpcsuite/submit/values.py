@@ -70,3 +70,24 @@ BIND_PATH = r"/[A-Za-z0-9_.+@/-]{0,1023}"
 BIND = rf"{BIND_PATH}(:{BIND_PATH})?"
 BIND_HELP = ("HOST or HOST:GUEST, absolute paths of letters, digits and / . _ - + @ "
              "(no , : or spaces inside a path)")
+
+
+def walltime_seconds(text: str) -> int:
+    """Slurm's time formats (--time, a partition's MaxTime, squeue's %L): minutes, MM:SS,
+    HH:MM:SS, D-HH[:MM[:SS]]."""
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in text.split(":")]
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    return ((days * 24 + h) * 60 + m) * 60 + s
