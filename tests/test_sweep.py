@@ -320,6 +320,25 @@ def test_status_and_report_rank_the_elements(work):
     assert csv_rows[2].endswith(",yes")
     text = "\n".join(sr.table(data))
     assert "* 1" in text and "best by val_accuracy (max): element 1 (train.lr=0.01, train.seed=2)" in text
+    assert "best val acc" in text.splitlines()[0] and "best val loss" in text.splitlines()[0]
+    assert sr.BEST_NOTE in text
+
+
+def test_the_validation_columns_are_the_best_epochs_not_the_last(work):
+    """A run whose accuracy fell and whose loss rose after its best epoch: the report shows
+    the best of each, and says so under the table."""
+    sd, query = _submitted(work, {}, {0: 0.5})
+    run = sd.run_dir("50_0")
+    (run / "results.json").write_text(json.dumps({
+        "status": "completed", "loss": [2.0, 1.0],
+        "eval": [{"accuracy": 0.4, "loss": 2.5}, {"accuracy": 0.8, "loss": 1.5},
+                 {"accuracy": 0.6, "loss": 1.9}]}))
+    data = sr.report(sd, query)
+    row = data["rows"][0]
+    assert (row["val_accuracy"], row["val_loss"]) == (0.8, 1.5)
+    lines = sr.table(data)
+    assert "80.00%" in lines[1] and "1.5000" in lines[1]
+    assert lines[-1] == sr.BEST_NOTE and "each at its own epoch" in lines[-1]
 
 
 def test_a_min_metric_picks_the_lowest(work):

@@ -13,6 +13,10 @@ from .status import element_rows
 from .sweepdir import REPORT_CSV, REPORT_JSON, REPORT_PNG, SweepDir
 
 COLUMNS = ("final_loss", "val_accuracy", "val_loss", "samples_per_s")
+# The validation columns are each run's best, not its last: said under the table, since the
+# highest accuracy and the lowest loss may come from different epochs.
+BEST_NOTE = ("best val acc / best val loss: the highest accuracy and the lowest loss over each "
+             "run's validations (each at its own epoch); final loss: the last training step's")
 
 
 def numbers(run_dir: str | None) -> tuple[dict, str | None]:
@@ -101,14 +105,14 @@ def table(data: dict) -> list[str]:
     axes = data["axes"]
     widths = [max(len(a), *(len(_cell(r["values"].get(a))) for r in data["rows"])) for a in axes]
     head = ["  #", *(a.rjust(w) for a, w in zip(axes, widths)), "job".rjust(10),
-            "state".ljust(10), "final loss", "  val acc", " val loss", " samples/s"]
+            "state".ljust(10), "final loss", "best val acc", "best val loss", " samples/s"]
     lines = [" ".join(head)]
     for r in data["rows"]:
         cells = [("*" if r["best"] else " ") + f"{r['index']:>2}",
                  *(_cell(r["values"].get(a)).rjust(w) for a, w in zip(axes, widths)),
                  (r["job_id"] or "-").rjust(10), r["state"][:10].ljust(10),
-                 _num(r["final_loss"], 10, ".4f"), _num(r["val_accuracy"], 9, ".2%"),
-                 _num(r["val_loss"], 9, ".4f"), _num(r["samples_per_s"], 10, ".1f")]
+                 _num(r["final_loss"], 10, ".4f"), _num(r["val_accuracy"], 12, ".2%"),
+                 _num(r["val_loss"], 13, ".4f"), _num(r["samples_per_s"], 10, ".1f")]
         lines.append(" ".join(cells))
     m = data["metric"]
     if data["best"] is not None:
@@ -117,6 +121,8 @@ def table(data: dict) -> list[str]:
                      f"({_values(best['values'])}), {m['name']} {best['metric']:.6g}")
     else:
         lines.append(f"no element has {m['name']} yet")
+    if any(r["val_accuracy"] is not None or r["val_loss"] is not None for r in data["rows"]):
+        lines.append(BEST_NOTE)
     return lines
 
 
