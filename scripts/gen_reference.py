@@ -113,9 +113,11 @@ def allowed_text(meta: dict) -> str:
         parts.append(f"at least {lo}")
     elif hi is not None:
         parts.append(f"at most {hi}")
-    for key in ("pattern_help", "union_help", "key_help"):
+    for key in ("pattern_help", "union_help"):
         if meta.get(key):
-            parts.append(("keys: " if key == "key_help" else "") + md(meta[key]))
+            parts.append(md(meta[key]))
+    if meta.get("key_pattern"):
+        parts.append(keys_text(meta))
     if meta.get("max_length"):
         parts.append(f"at most {meta['max_length']} characters")
     if meta.get("nonempty"):
@@ -123,6 +125,16 @@ def allowed_text(meta: dict) -> str:
     if meta.get("coerce"):
         parts.append("numbers read as text")
     return "; ".join(parts)
+
+
+def keys_text(meta: dict) -> str:
+    """What a mapping's keys may be, said positively: its ``keys`` text and the pattern they
+    match. ``key_help`` is the refusal a user gets ("not a ..."), not a description."""
+    if not meta.get("keys"):
+        raise ValueError(f"a field with key_pattern {meta['key_pattern']!r} has no keys= text "
+                         "saying what its keys are (the reference does not print key_help, "
+                         "the error)")
+    return f"keys: {md(meta['keys'])} (`{meta['key_pattern']}`)"
 
 
 def default_text(f: dataclasses.Field) -> str:

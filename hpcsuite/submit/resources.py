@@ -115,6 +115,7 @@ class Resources(Record):
         "other sbatch long options, name -> value (true for one without a value), only those "
         "the site lists in sbatch_allowed", key_pattern=r"[a-z][a-z0-9-]{0,63}",
         key_help="not an sbatch long option name (write reservation, not --reservation)",
+        keys="sbatch long option names without the leading -- (reservation)",
         values={"coerce": True, "max_length": 1000, "nonempty": True,
                 "check": header_text_problem}))
     binding: Binding = field(default_factory=Binding, metadata=meta(

@@ -2,8 +2,10 @@
 
 A dataclass field declares its type (int, float, str, bool, Literal[...], Optional[...],
 dict[str, str], list[...], or another dataclass) and optional metadata: ``min``/``max`` for
-numbers, ``pattern`` for strings, ``help`` for docs. Unknown keys are refused with the list of
-valid ones and the close match.
+numbers, ``pattern`` for strings, ``help`` for docs; for a mapping, ``key_pattern`` with
+``key_help`` (the refusal of a key that does not match it) and ``keys`` (what the keys are, for
+the generated reference). Unknown keys are refused with the list of valid ones and the close
+match.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ class Mpi(Record):
     mca: dict[str, str] = field(default_factory=lambda: {"pml": "ob1", "btl": "^openib"},
                                 metadata=meta("OpenMPI MCA parameters for mpirun (--mca KEY VALUE)",
                                             key_pattern=r"[a-z][a-z0-9_]*",
-                                            key_help="not an MCA parameter name"))
+                                            key_help="not an MCA parameter name",
+                                            keys="MCA parameter names"))
     nodes_share_host: bool = field(default=False, metadata=meta(
         "the site's Slurm nodes are several slurmd on one machine (as `hpcsuite cluster up` "
         "runs them): each node's ranks get their own Open MPI shared-memory directory, whose "
@@ -128,6 +129,9 @@ class SiteFabric(FabricLink):
         "flat: one ring over every GPU; two-level: a ring inside each node, one across nodes"))
     intra_node: Optional[FabricLink] = field(default=None, metadata=meta(
         "the link between the GPUs of one node (default: the same as between nodes)"))
+    source: Optional[str] = field(default=None, metadata=meta(
+        "where the figures come from (measured with `hpcsuite bench allreduce` on a date, a "
+        "vendor's number, a nominal guess); `doctor` prints it beside them", max_length=200))
 
 
 @record
@@ -181,7 +185,8 @@ class SiteProfile(Record):
         "shell lines run before training (trusted: written by the site)"))
     partitions: dict[str, Partition] = field(default_factory=dict, metadata=meta(
         "the cluster's partitions and what every job on each one gets", key_pattern=NAME,
-        key_help=f"not a partition name ({NAME_HELP})"))
+        key_help=f"not a partition name ({NAME_HELP})",
+        keys="partition names"))
     mpi: Mpi = field(default_factory=Mpi)
     gpu_request: Literal["gpus-per-node", "gres"] = field(default="gpus-per-node", metadata=meta(
         "how a job's resources.gpus_per_node is asked of Slurm: --gpus-per-node=N, or "

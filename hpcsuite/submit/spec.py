@@ -98,7 +98,8 @@ class Data(Record):
         pattern_help=USER_REF_HELP))
     args: dict[str, Any] = field(default_factory=dict, metadata=meta(
         "python: keyword arguments for the factory", key_pattern=r"[A-Za-z_][A-Za-z0-9_]{0,63}",
-        key_help="not a Python argument name"))
+        key_help="not a Python argument name",
+        keys="Python argument names"))
     workers: int = field(default=0, metadata=meta(
         "loader worker processes per rank, started once for the run (both backends); 0 loads "
         "in the training process, best for in-memory data; raise it for data on disk or a slow "
@@ -273,7 +274,8 @@ class Train(Record):
         "keyword arguments for a FILE.py:function model builder, called as "
         "function(input_shape, classes, **model_args) (a sweep can vary them: "
         "train.model_args.NAME)", key_pattern=r"[A-Za-z_][A-Za-z0-9_]{0,63}",
-        key_help="not a Python argument name"))
+        key_help="not a Python argument name",
+        keys="Python argument names"))
     pythonpath: list[str] = field(default_factory=list, metadata=meta(
         "directories (relative to the submit directory) searched for user code, after the "
         "submit directory itself", nonempty=True))
@@ -399,6 +401,8 @@ class JobSpec(Record):
     env: dict[str, str] = field(default_factory=dict, metadata=meta(
         "environment for every rank", key_pattern=ENV_NAME,
         key_help="not a valid environment variable name (letters, digits, _; at most 64)",
+        keys="environment variable names, except those the batch shell, Slurm, Horovod's "
+             "knobs and hpcsuite own (SHELLOPTS, SLURM_*, HOROVOD_FUSION_THRESHOLD, ...)",
         reserved_keys=reserved_env_name, values={"coerce": True}))
     train: Train = field(default_factory=Train)
     container: Container = field(default_factory=Container)

@@ -77,7 +77,8 @@ class Sweep(Record):
         "job key -> its values (a list), e.g. train.lr: [0.01, 0.1]; with random also a "
         "distribution: {uniform: [lo, hi]}, {log_uniform: [lo, hi]}, {randint: [lo, hi]}, "
         "{choice: [...]}", key_pattern=r"[A-Za-z][A-Za-z0-9_.]{0,199}",
-        key_help="not a dotted job key"))
+        key_help="not a dotted job key",
+        keys="dotted job keys (train.lr)"))
     random: Optional[Random] = field(default=None, metadata=meta(
         "draw count elements at random instead of the whole grid"))
     max_parallel: Optional[int] = field(default=None, metadata=meta(
