@@ -96,6 +96,25 @@ def check(ref: UserRef, dirs: list[Path]) -> str | None:
     return None
 
 
+def compile_problem(path: Path, shown: str) -> str | None:
+    """Why ``path`` does not compile, as ``SHOWN:LINE: SyntaxError: message``, or None. The
+    builtin compile() on its source: nothing in it runs, nothing it imports is loaded, and
+    what only the compiler finds (a ``return`` outside a function) is found too."""
+    import warnings
+
+    try:
+        source = path.read_bytes()
+        with warnings.catch_warnings():        # an invalid escape is the job's to warn about
+            warnings.simplefilter("ignore")
+            compile(source, str(path), "exec", dont_inherit=True)
+    except SyntaxError as e:                   # IndentationError and TabError too
+        where = f"{shown}:{e.lineno}" if e.lineno else shown
+        return f"{where}: {type(e).__name__}: {e.msg}"
+    except (OSError, ValueError) as e:         # unreadable, NUL bytes
+        return f"{shown}: cannot read it ({getattr(e, 'strerror', None) or e})"
+    return None
+
+
 def load(ref: UserRef, dirs: list[Path]):
     """Import the file or module and return the named object (compute nodes only)."""
     import importlib

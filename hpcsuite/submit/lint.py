@@ -47,6 +47,10 @@ def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
         script = Path(t.script) if Path(t.script).is_absolute() else (base or Path.cwd()) / t.script
         if not script.is_file():
             out.append(Finding("error", "train.script", f"{t.script}: no such file (in {script.parent})"))
+        else:
+            problem = usercode.compile_problem(script, t.script)
+            if problem:
+                out.append(Finding("error", "train.script", problem))
     if t.model_args and (usercode.parse(t.model) is None or t.script is not None):
         why = "script mode builds its own model" if t.script is not None else \
             f"the built-in model {t.model!r} takes none"
