@@ -10,6 +10,7 @@ import functools
 import http.server
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -87,6 +88,45 @@ def test_a_new_schema_key_reaches_the_reference():
                                        frozen=True)
     page = gen.schema_page("t", "x", "", added, gen.job_lock)
     assert "| `later_key` | integer | `3` | at least 1 | a key added later |" in page
+
+
+ERROR_WORDING = re.compile(r"\bnot (a|an|one of|valid)\b", re.IGNORECASE)
+
+
+def test_the_reference_says_what_is_allowed_not_the_error_text():
+    """The *allowed* column describes values and keys positively ("keys: environment variable
+    names"), while the refusal a user gets keeps its own wording ("not a valid environment
+    variable name")."""
+    from hpcsuite.errors import ConfigError
+    from hpcsuite.submit.schema import build
+    from hpcsuite.submit.spec import JobSpec
+
+    pages = {p.name: text for p, text in generator().pages().items() if p.name != "cli.md"}
+    allowed = {}
+    for name, text in pages.items():
+        header = None
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip("|").split(" | ")] if line.startswith("| ") else []
+            if cells and cells[0] == "key":
+                header = cells
+            elif cells and header and "allowed" in header and cells[0] != "---":
+                allowed[f"{name} {cells[0]}"] = cells[header.index("allowed")]
+    assert len(allowed) > 150, len(allowed)
+    wrong = {k: v for k, v in allowed.items() if ERROR_WORDING.search(v)}
+    assert not wrong, wrong
+    assert allowed["job-spec.md `env`"].startswith("keys: environment variable names"), allowed
+    assert allowed["job-spec.md `train.model_args`"].startswith("keys: Python argument names")
+    assert allowed["job-spec.md `resources.extra_sbatch`"].startswith(
+        "keys: sbatch long option names")
+    with pytest.raises(ConfigError, match="env.1X: not a valid environment variable name"):
+        build(JobSpec, {"name": "j", "env": {"1X": "a"}}, "job.yaml")
+
+
+def test_a_mapping_with_a_key_pattern_needs_its_positive_keys_text():
+    gen = generator()
+    assert gen.allowed_text({"key_pattern": "[a-z]+", "keys": "names"}) == "keys: names (`[a-z]+`)"
+    with pytest.raises(ValueError, match="no keys= text"):
+        gen.allowed_text({"key_pattern": "[a-z]+", "key_help": "not a name"})
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +212,125 @@ def test_benchmarks_open_with_the_summary_of_the_quality_bars():
     rows = [l for l in first.split(header, 1)[1].splitlines() if l.startswith("| ") and "---" not in l]
     assert len(rows) >= 10, rows
     assert all(len(r.split(" | ")) == 5 for r in rows), rows
+
+
+# ---------------------------------------------------------------------- the user docs' blocks
+# Every ```yaml and ```bash block of docs/user is checked (tests/docblocks.py says how), so an
+# example cannot rot: a whole file is linted against the local cluster's site profile, a
+# fragment's keys go through the schema, a shell line names commands and options that exist.
+
+def _local_profile(tmp_path, gpus: int = 0):
+    from hpcsuite.site.slurm_conf import render_profile
+
+    path = tmp_path / f"local-profile-{gpus}.yaml"
+    path.write_text(render_profile(gpus))
+    return path
+
+
+def _quiet_env(tmp_path) -> dict:
+    """No user or project layer but the ones a test writes, no ambient profile."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCSUITE_", "SLURM_"))}
+    return {**env, "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
+
+
+def _yaml_blocks():
+    import docblocks
+
+    return [b for b in docblocks.blocks() if b.lang == "yaml"]
+
+
+def test_the_user_docs_have_their_blocks_and_few_fragments():
+    import docblocks
+
+    found = docblocks.blocks()
+    langs = {b.lang for b in found}
+    assert langs <= {"yaml", "bash", "shell", "python"}, langs   # a new language needs its check
+    for b in found:
+        if b.lang == "python":          # a line of a script: it compiles
+            compile(b.text, b.where, "exec")
+    yaml_blocks = [b for b in found if b.lang == "yaml"]
+    fragments = [b for b in yaml_blocks if b.kind != "file"]
+    assert len(yaml_blocks) >= 5 and len(fragments) <= 3, [b.where for b in fragments]
+
+
+@pytest.mark.parametrize("block", _yaml_blocks(), ids=lambda b: b.where)
+def test_every_yaml_block_of_the_user_docs_is_checked(block, tmp_path):
+    from conftest import run_cli
+    from hpcsuite.submit.schema import build
+    from hpcsuite.submit.spec import JobSpec
+    from hpcsuite.submit.strict_yaml import load
+
+    if block.kind != "file":
+        parts = [line for line in block.text.splitlines() if line.strip()
+                 and not line.lstrip().startswith("#")] if block.kind == "alternatives" \
+            else [block.text]
+        for part in parts:
+            build(JobSpec, load(part), block.where, partial=True)    # one ConfigError if not
+        return
+    data = load(block.text)
+    shown = block.shows
+    if shown is not None:
+        assert data == load(shown.read_text()), f"{block.where} differs from {shown}"
+        target, cwd = shown, shown.parent
+    else:
+        target, cwd = tmp_path / "job.yaml", tmp_path
+        target.write_text(block.text)
+    profile = _local_profile(tmp_path)
+    if "axes" in data and "mode" in data:           # a study file
+        argv = ["study", "run", str(target), "--dry-run", "--dir", str(tmp_path / "study")]
+    elif "axes" in data:                            # a sweep file
+        argv = ["sweep", "run", str(target), "--dry-run", "--dir", str(tmp_path / "sweep")]
+    else:
+        argv = ["lint", "--no-slurm", str(target)]
+    proc = run_cli(*argv, "--profile", str(profile), cwd=cwd, env=_quiet_env(tmp_path), timeout=60)
+    assert proc.returncode == 0, f"{block.where}: hpcsuite {' '.join(argv)}:\n{proc.stdout}{proc.stderr}"
+    assert "error" not in proc.stderr.lower(), proc.stderr
+
+
+def test_every_shell_block_of_the_user_docs_names_commands_and_options_that_exist():
+    import docblocks
+    from hpcsuite.cli import main
+
+    shell = [b for b in docblocks.blocks() if b.lang in ("bash", "shell")]
+    assert len(shell) >= 6
+    problems = [p for b in shell for p in docblocks.shell_problems(b, main)]
+    assert not problems, problems
+    lines = sum(len(docblocks.commands(b.text)) for b in shell)
+    assert lines > 30, lines
+
+
+def test_the_shell_checker_finds_what_has_rotted():
+    import docblocks
+    from hpcsuite.cli import main
+
+    page = REPO / "docs" / "user" / "quickstart.md"
+    bad = docblocks.Block(page, 1, "bash", "hpcsuite submit job.yaml --wiat\n"
+                          "hpcsuite templates list|whch\nmake demoo\ncd examples/nowhere\n"
+                          "eval \"$(hpcsuite clster env)\"\nfrobnicate --now\n")
+    problems = " ".join(docblocks.shell_problems(bad, main))
+    for word in ("--wiat", "whch", "demoo", "examples/nowhere", "clster", "frobnicate"):
+        assert word in problems, (word, problems)
+    ok = docblocks.Block(page, 1, "bash", "hpcsuite logs RUN [-f] [--rank N] [-n 50]; "
+                         "hpcsuite cancel RUN  # a comment's --words\n"
+                         "hpcsuite study predict s --nodes 1,2 \\\n    --fabric ib-hdr\n")
+    assert docblocks.shell_problems(ok, main) == []
+
+
+def test_every_shipped_example_lints_quietly_on_the_local_cluster(tmp_path):
+    """The examples a user runs on the project's own cluster (examples/, and sbatch/'s specs
+    for its debug partition) lint without a warning that no partition is set: the local
+    cluster's profile names the partition a job without one goes to."""
+    from conftest import run_cli
+    from hpcsuite.submit.golden import example_specs
+
+    specs = [p for p in sorted((REPO / "examples").glob("*/*.yaml"))
+             if "axes" not in p.read_text()]
+    specs += [p for p in example_specs(REPO / "sbatch") if "partition: debug" in p.read_text()
+              and "container:" not in p.read_text()]     # the local cluster runs no containers
+    assert len(specs) >= 10, specs
+    profile = _local_profile(tmp_path)
+    for spec in specs:
+        proc = run_cli("lint", "--no-slurm", "--profile", str(profile), str(spec), cwd=spec.parent,
+                       env=_quiet_env(tmp_path), timeout=60)
+        assert proc.returncode == 0, f"{spec}: {proc.stdout}{proc.stderr}"
+        assert "partition" not in proc.stderr, f"{spec}: {proc.stderr}"

@@ -295,10 +295,50 @@ def test_a_preflight_the_site_cannot_run_is_refused_naming_the_file_that_asked(l
 def test_doctor_shows_the_sites_fabric_and_the_bar_it_sets():
     from hpcsuite.site.doctor import check_fabric
 
-    assert check_fabric(profile()) is None
+    none = check_fabric(profile())
+    assert none.status == "warn" and none.detail.startswith("the site profile names no fabric: "
+                                                            "a job's preflight.fabric with "
+                                                            "min_busbw_gbps: site")
+    assert "add fabric: to the site profile" in none.hint
     c = check_fabric(profile(fabric="ib-hdr"))
     assert c.status == "pass" and c.detail.endswith(
         "preflight.fabric min_busbw_gbps: site asks 19.2 GB/s busbw of each node pair (80%)")
+    told = check_fabric(profile(fabric={"bandwidth": 1.0, "latency": 10.0,
+                                        "source": "nominal: loopback"}))
+    assert told.detail.startswith("site profile: 1 GB/s, 10 us per step between nodes; one flat "
+                                  "ring (nominal: loopback); preflight.fabric min_busbw_gbps: "
+                                  "site asks 0.8 GB/s"), told.detail
+
+
+def test_the_local_clusters_profile_names_its_fabric_and_its_nodes(tmp_path, monkeypatch):
+    """`hpcsuite cluster up` writes a profile whose fabric lets `min_busbw_gbps: site` run (a
+    nominal loopback figure, said so), whose comment says what the nodes are, and which sends
+    a job without a partition to Slurm's default one."""
+    from hpcsuite.site.doctor import check_fabric
+    from hpcsuite.site.slurm_conf import render_profile
+    from hpcsuite.submit.strict_yaml import load
+
+    for gpus, shape in ((0, "two 1-core nodes on this machine"),
+                        (2, "two 2-core nodes with 2 GPUs each on this machine")):
+        text = render_profile(gpus)
+        assert shape in text, text
+        data = load(text)
+        assert data["defaults"] == {"resources": {"partition": "debug"}}
+        fabric = data.pop("fabric")
+        assert fabric["source"].startswith("nominal: TCP over loopback")
+        line = check_fabric(profile(fabric=fabric)).detail
+        assert "(nominal: TCP over loopback" in line and "site asks 0.8 GB/s" in line, line
+    # `preflight: {fabric: {}}` (min_busbw_gbps: site) resolves against it: 80 % of 1 GB/s.
+    from hpcsuite.submit.config import resolve
+    from hpcsuite.submit.preflight import required_busbw_gbps
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local.yaml").write_text(render_profile())
+    (tmp_path / "job.yaml").write_text("name: j\nresources: {nodes: 2}\npreflight: {fabric: {}}\n")
+    r = resolve(str(tmp_path / "job.yaml"), str(tmp_path / "local.yaml"))
+    assert r.job.resources.partition == "debug"
+    assert required_busbw_gbps(r.job, r.profile) == pytest.approx(0.8)
 
 
 def test_bench_allreduce_sets_its_mpi_busbw_beside_the_preflight_bar(tmp_path, monkeypatch):

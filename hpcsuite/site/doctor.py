@@ -289,14 +289,21 @@ def check_gpus(profile: SiteProfile) -> Check:
                  "before jobs land on it" if status != PASS else "")
 
 
-def check_fabric(profile: SiteProfile) -> Check | None:
+def check_fabric(profile: SiteProfile) -> Check:
     """The site's fabric and the bar a job's ``preflight.fabric`` (``min_busbw_gbps: site``)
-    holds each node pair to; None when the profile names no fabric."""
+    holds each node pair to; a warning saying why ``site`` cannot be used when the profile
+    names no fabric."""
     fabric = fabrics.from_profile(profile.fabric)
     if fabric is None:
-        return None
-    return Check("fabric", PASS, f"{fabric.describe()}; preflight.fabric min_busbw_gbps: site "
-                 f"asks {fabrics.preflight_bar_GBps(profile.fabric):g} GB/s busbw of each node "
+        return Check("fabric", WARN, "the site profile names no fabric: a job's preflight.fabric "
+                     "with min_busbw_gbps: site (its default) is refused, and study predict "
+                     "needs --fabric", "add fabric: to the site profile (a preset, or {bandwidth, "
+                     "latency} from `hpcsuite bench allreduce --nodes 2`); until then jobs give "
+                     "min_busbw_gbps in GB/s")
+    source = getattr(profile.fabric, "source", None)
+    return Check("fabric", PASS, f"{fabric.describe()}" + (f" ({source})" if source else "")
+                 + f"; preflight.fabric min_busbw_gbps: site asks "
+                 f"{fabrics.preflight_bar_GBps(profile.fabric):g} GB/s busbw of each node "
                  f"pair ({fabrics.PREFLIGHT_SHARE:.0%})")
 
 
@@ -419,8 +426,8 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     checks = [check_slurm(profile), check_accounting(), check_pmi(profile, launcher), check_mpi(),
               check_horovod(horovod_build(python), profile, horovod_gpu_build(python)),
               check_infiniband(profile),
-              check_network(env, profile), check_gpus(profile)]
-    checks += [c for c in (check_fabric(profile), check_container(profile)) if c is not None]
+              check_network(env, profile), check_gpus(profile), check_fabric(profile)]
+    checks += [c for c in (check_container(profile),) if c is not None]
     if compute:
         if checks[0].status == FAIL:
             checks.append(Check("compute", FAIL, "not asked: Slurm does not answer",

@@ -149,15 +149,38 @@ def render_dbd_conf(root: Path, port: int, host: str, munge_socket: Path,
     ]) + "\n"
 
 
+# The link between the nodes, as the profile names it (render_profile says where it comes from).
+FABRIC_BANDWIDTH_GBPS, FABRIC_LATENCY_US = 1.0, 10.0
+FABRIC_SOURCE = ("nominal: TCP over loopback between the two virtual nodes on one machine, "
+                 "about half the MPI busbw measured there (docs/BENCHMARKS.md)")
+
+
+def node_shape(gpus: int = 0) -> str:
+    """The nodes in words, as slurm.conf declares them (a core per GPU with GPUs)."""
+    cores = gpus or 1
+    text = f"two {cores}-core nodes"
+    return text + (f" with {gpus} GPU{'s' if gpus > 1 else ''} each" if gpus else "")
+
+
 def render_profile(gpus: int = 0) -> str:
-    """The local cluster's site profile: its partitions, as a site describes its own."""
+    """The local cluster's site profile: its partitions, its fabric and the partition a job
+    without one goes to, as a site describes its own."""
     shape = f"cpus_per_node: {gpus}, gpus_per_node: {gpus}" if gpus else "cpus_per_node: 1"
     parts = "\n".join(f"  {p}: {{{shape}}}" for p in (PARTITION, OTHER_PARTITION))
     return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
-            "# cluster (two 1-core nodes on this machine). `hpcsuite cluster env` points\n"
+            f"# cluster ({node_shape(gpus)} on this machine). `hpcsuite cluster env` points\n"
             "# HPCSUITE_PROFILE here.\n"
             "name: local\n"
             "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
             "mpi:\n"
             "  nodes_share_host: true   # node1 and node2 are one machine: each its own MPI segments\n"
-            f"partitions:\n{parts}\n")
+            f"partitions:\n{parts}\n"
+            f"# Slurm's default partition ({PARTITION}), named so a job without one is checked\n"
+            "# against it (and lint does not warn that none is set).\n"
+            f"defaults: {{resources: {{partition: {PARTITION}}}}}\n"
+            "# TCP over loopback between node1 and node2. Nominal, not measured: about half\n"
+            "# the MPI busbw measured here at 16 MiB (1.7-2.1 GB/s, docs/BENCHMARKS.md);\n"
+            "# `hpcsuite bench allreduce --nodes 2` measures it. preflight.fabric's\n"
+            "# min_busbw_gbps: site asks 80 % of it.\n"
+            f"fabric: {{bandwidth: {FABRIC_BANDWIDTH_GBPS}, latency: {FABRIC_LATENCY_US}, "
+            f"source: \"{FABRIC_SOURCE}\"}}\n")
