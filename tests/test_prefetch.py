@@ -154,6 +154,41 @@ def test_on_device_true_that_does_not_fit_is_one_line(monkeypatch):
         prefetch.Input(torch, "cpu", 2, True, free_memory=lambda: 10).resident(_data())
 
 
+class OutOfMemoryOnCopy(Counted):
+    """A source whose second chunk's copy to the GPU runs out of memory: what a GPU whose
+    free memory another process took after ``auto`` measured it raises."""
+
+    def get(self, ids):
+        self.calls += 1
+        if self.calls == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.data.get(ids)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_on_device_auto_whose_copy_runs_out_of_memory_falls_back_to_prefetching(
+        monkeypatch, caplog, rank):
+    """auto chose the GPU by its free memory, then the copy ran out of it: the data stays on
+    the host and comes through the prefetching pipeline, said in the rank's log; never the
+    exit 2 (not requeued) about `on_device: true` that the user did not set."""
+    import logging
+
+    monkeypatch.setattr(prefetch, "RESIDENT_CHUNK_BYTES", 20 * (48 + 8))   # 3 chunks
+    data = OutOfMemoryOnCopy(_data())
+    feeds = prefetch.Input(torch, "cpu", 2, "auto", rank=rank, free_memory=lambda: 10 ** 9)
+    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.prefetch"):
+        assert feeds.resident(data) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and said[0].startswith(
+        f"input: rank {rank}: copying the data (0.0 MB) to cpu ran out of GPU memory "
+        "(CUDA out of memory. Tried to allocate 2.00 GiB); it stays on the host and each "
+        "micro-batch is prefetched (train.data.on_device: auto; set false to skip the try)"), said
+    assert feeds.resident(data) is None and data.calls == 2          # decided once
+    batches = _batches()
+    got = list(feeds.prefetcher.feed(data, batches))
+    _check(data.data, got, batches)
+
+
 STOPPED_RUN = """
 import json, sys, time
 import torch

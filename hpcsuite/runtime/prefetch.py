@@ -23,7 +23,8 @@ On a device other than CUDA (the unit tests' stand-in) the same thread, queue an
 without pinning, streams or events, the "copy" being a clone.
 
 ``train.data.on_device``: ``auto`` puts the data on the GPU when its bytes are at most
-RESIDENT_SHARE of the GPU's free memory, ``true`` always, ``false`` never. Resident data is read
+RESIDENT_SHARE of the GPU's free memory (and keeps it on the host, prefetched, when the copy
+runs out of memory all the same), ``true`` always, ``false`` never. Resident data is read
 once (in chunks through the source's ``get``); each epoch's micro-batch ids go to the GPU in one
 copy, and the micro-batches are gathered there (``index_select``, up to GATHER_STEPS of them in
 one), no host work per step.
@@ -312,10 +313,20 @@ class Input:
             return None
         try:
             got = Resident(self.torch, self.device, data)
-        except self.torch.OutOfMemoryError:
-            raise UserError(f"train.data.on_device: true, but the data's {need / 1e6:.1f} MB do "
-                            f"not fit on {self.device} ({free / 1e6:.1f} MB free); set it to "
-                            "auto or false") from None
+        except self.torch.OutOfMemoryError as e:
+            if self.on_device is True:
+                raise UserError(f"train.data.on_device: true, but the data's {need / 1e6:.1f} MB "
+                                f"do not fit on {self.device} ({free / 1e6:.1f} MB free); set it "
+                                "to auto or false") from None
+            # auto measured the free memory, then the copy ran out of it (another process
+            # took it meanwhile, or the allocator's fragments): the host's pipeline instead.
+            # What the copy had allocated goes back to the allocator with the exception.
+            said = ". ".join(str(e).split(". ")[:2]).strip().rstrip(".")
+            log.warning("input: rank %d: copying the data (%.1f MB) to %s ran out of GPU memory "
+                        "(%s); it stays on the host and each micro-batch is prefetched "
+                        "(train.data.on_device: auto; set false to skip the try)", self.rank,
+                        need / 1e6, self.device, said)
+            return None
         if self.rank == 0:
             log.info("input: the data (%.1f MB, %.0f %% of the %.1f MB free) copied to %s once; "
                      "each step's batch is gathered there", need / 1e6, 100 * need / max(free, 1),
