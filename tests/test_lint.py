@@ -130,3 +130,51 @@ def test_model_args_need_a_user_builder(tmp_path):
     job = spec_from_dict({"name": "m", "train": {"model": "mlp", "model_args": {"h": 1}}}, "t")
     assert [(f.key, f.level) for f in lint(job, SiteProfile(), tmp_path)
             if f.key == "train.model_args"] == [("train.model_args", "error")]
+
+
+def _lint_in(tmp_path, text, monkeypatch):
+    """`hpcsuite lint job.yaml` in ``tmp_path`` with ``text`` as the spec."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(text)
+    return CliRunner().invoke(main, ["lint", "job.yaml", "--no-slurm"])
+
+
+def test_a_model_beside_a_script_is_refused_naming_both(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = _lint_in(tmp_path, "name: s\ntrain: {script: train.py, model: resnet}\n", monkeypatch)
+    assert result.exit_code == 2, result.output
+    assert "error: job.yaml: train.model: 'resnet' is ignored in script mode: train.script " \
+           "'train.py' builds its own model" in result.output
+    # The built-in default is not a key the user set: a script alone is clean.
+    alone = _lint_in(tmp_path, "name: s\ntrain: {script: train.py}\n", monkeypatch)
+    assert alone.exit_code == 0 and "train.model" not in alone.output, alone.output
+
+
+def test_a_key_written_one_level_too_high_says_where_it_goes(tmp_path, monkeypatch):
+    result = _lint_in(tmp_path, "name: s\ntracking: {mlflow: {}}\n", monkeypatch)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "job.yaml: tracking: unknown key (it goes under train: train.tracking); valid keys:" \
+        in result.output
+    nested = _lint_in(tmp_path, "name: s\ntrain: {every_steps: 5}\n", monkeypatch)
+    assert "train.every_steps: unknown key (it goes under checkpoint: " \
+           "train.checkpoint.every_steps)" in nested.output
+    # A plain misspelling keeps its close match.
+    typo = _lint_in(tmp_path, "name: s\ntrian: {}\n", monkeypatch)
+    assert 'trian: unknown key (did you mean "train"?)' in typo.output
+
+
+def test_a_script_name_in_the_wrong_case_gets_a_did_you_mean(tmp_path, monkeypatch):
+    (tmp_path / "Train.py").write_text("print('hi')\n")
+    result = _lint_in(tmp_path, "name: s\ntrain: {script: train.py}\n", monkeypatch)
+    assert result.exit_code == 2
+    assert 'train.script: train.py: no such file (in ' in result.output
+    assert '(did you mean "Train.py"?)' in result.output
+
+
+def test_a_warning_signal_with_nothing_to_save_warns():
+    f = train_findings({"preemption": {"signal": "USR1", "lead_seconds": 60}})
+    assert "nothing to save" in f[("warning", "train.preemption.lead_seconds")]
+    assert "training is lost" in f[("warning", "train.preemption.lead_seconds")]
+    f = train_findings({"script": "train.py", "preemption": {"lead_seconds": 60}})
+    assert "run.save()" in f[("warning", "train.preemption.lead_seconds")]
+    assert not train_findings({"preemption": {"signal": "USR1"}})   # no signal asked: no warning

@@ -37,9 +37,10 @@ class Prepared(Record):
 def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
     """Every finding about a resolved job; Slurm is asked only when nothing else is wrong."""
     from ..submit.datacheck import data_findings
-    from ..submit.lint import lint
+    from ..submit.lint import ignored_findings, lint
 
-    findings = lint(resolved.job, resolved.profile, base) + data_findings(resolved.job, base)
+    findings = lint(resolved.job, resolved.profile, base) + data_findings(resolved.job, base) \
+        + ignored_findings(resolved.job, resolved.origins)
     if against_slurm and not any(f.level == "error" for f in findings):
         findings += slurm_findings(resolved.job)
     return findings

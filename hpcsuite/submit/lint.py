@@ -46,7 +46,8 @@ def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
     if t.script is not None:
         script = Path(t.script) if Path(t.script).is_absolute() else (base or Path.cwd()) / t.script
         if not script.is_file():
-            out.append(Finding("error", "train.script", f"{t.script}: no such file (in {script.parent})"))
+            out.append(Finding("error", "train.script", f"{t.script}: no such file (in "
+                                                         f"{script.parent}){_file_like(script)}"))
         else:
             problem = usercode.compile_problem(script, t.script)
             if problem:
@@ -65,6 +66,31 @@ def user_code_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
         if need and getattr(data, need[0]) is None:
             out.append(Finding("error", f"{key}.{need[0]}", f"required for kind {data.kind}: {need[1]}"))
     return out
+
+
+def _file_like(path: Path) -> str:
+    """' (did you mean "Train.py"?)' for a file beside ``path`` whose name differs only in
+    case, or is close to it, else ''."""
+    try:
+        names = [p.name for p in path.parent.iterdir() if p.is_file()]
+    except OSError:
+        return ""
+    same = [n for n in names if n.lower() == path.name.lower()]
+    return f' (did you mean "{same[0]}"?)' if same else close_match(path.name, names)
+
+
+def ignored_findings(job: JobSpec, origins: dict[str, str]) -> list[Finding]:
+    """Keys a spec set that the job would ignore: script mode builds its own model, so a
+    train.model given beside train.script is refused rather than silently dropped (as
+    train.model_args and train.horovod.allreduce are). ``origins``: the resolved keys'
+    layers (``builtin`` for a default)."""
+    given = origins.get("job.train.model", "builtin") != "builtin"
+    if job.train.script is None or not given:
+        return []
+    return [Finding("error", "train.model", f"{job.train.model!r} is ignored in script mode: "
+                                            f"train.script {job.train.script!r} builds its own "
+                                            "model; remove train.model (or train.script, to "
+                                            "train it in the managed loop)")]
 
 
 def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[Finding]:

@@ -85,7 +85,10 @@ def build(cls: type, data: Any, source: str, path: str = "", partial: bool = Fal
         if not isinstance(key, str) or key not in fields:
             valid = ", ".join(sorted(fields))
             name = key_text(key)
-            hint = close_match(key, fields) if isinstance(key, str) and len(key) < 100 else ""
+            # A key of one of its sections, written a level too high, says where it goes
+            # (before a close match: the exact key is likelier than a near one).
+            hint = (_belongs_under(cls, key, path) or close_match(key, fields)) \
+                if isinstance(key, str) and len(key) < 100 else ""
             raise ConfigError(source, _join(path, name), f"unknown key{hint}; valid keys: {valid}")
     values = {}
     for name, f in fields.items():
@@ -97,6 +100,19 @@ def build(cls: type, data: Any, source: str, path: str = "", partial: bool = Fal
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(source, key_path, "required key is missing")
     return values if partial else cls(**values)
+
+
+def _belongs_under(cls: type, key: str, path: str) -> str:
+    """' (it goes under train: train.tracking)' when ``key``, unknown in ``cls``, is a key of
+    one of its sections (a key written one level too high), else ''."""
+    hints, fields = _schema(cls)
+    for name in fields:
+        section = next((a for a in (hints[name], *get_args(hints[name]))
+                        if dataclasses.is_dataclass(a)), None)
+        if section is not None and key in _schema(section)[1]:
+            where = _join(path, name)
+            return f" (it goes under {name}: {_join(where, key)})"
+    return ""
 
 
 @functools.cache
