@@ -167,7 +167,10 @@ def runs(as_json, last):
 
     The registry is .hpcsuite/runs.jsonl here; states, exit codes and MaxRSS come from one
     sacct call for all the runs where the cluster keeps accounting, else from one squeue call
-    (and Slurm's job completion records for the jobs the controller has forgotten)."""
+    (and Slurm's job completion records for the jobs the controller has forgotten). OUTCOME is
+    the job's own record of its attempts (Slurm's COMPLETED is the batch script's end): e.g.
+    "completed after 2 attempts (1 preempted)", "preempted at attempt 0, requeued", "failed
+    at attempt 1 (exit 1)"."""
     from ..runs import registry
     from ..runner import describe_many
 
@@ -180,14 +183,14 @@ def runs(as_json, last):
         click.echo(f"no runs submitted from {Path.cwd()}")
         return
     click.echo(f"{'JOB':>10}  {'NAME':<20} {'STATE':<11} {'ELAPSED':>10} {'EXIT':>5} "
-               f"{'MAXRSS':>7} {'STEP':>7}  {'SUBMITTED':<19}  RUN DIR")
+               f"{'MAXRSS':>7} {'STEP':>7}  {'OUTCOME':<30}  {'SUBMITTED':<19}  RUN DIR")
     for r in rows:
         name = r["name"] or ""
         if r.get("array"):          # a sweep's job array, its elements on the lines below it
             name = f"{name} [{len(r['array']['indices'])}]"
         click.echo(f"{r['job_id']:>10}  {name[:20]:<20} {r['state']:<11} "
                    f"{r['elapsed'] or '-':>10} {r['exit_code'] or '-':>5} {r['max_rss'] or '-':>7} "
-                   f"{r['step'] if r['step'] is not None else '-':>7}  "
+                   f"{r['step'] if r['step'] is not None else '-':>7}  {r['outcome'] or '-':<30}  "
                    f"{r['submitted_at'] or '':<19}  {r['run_dir']}")
 
 

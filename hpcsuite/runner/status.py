@@ -173,8 +173,21 @@ class StatusRecord(Record):
                 "elapsed": s.elapsed if s else None, "exit_code": s.exit_code if s else None,
                 "max_rss": s.max_rss if s else None, "restarts": s.restarts if s else None,
                 "source": s.source if s else None, "step": (self.progress or {}).get("step"),
+                "outcome": run_outcome(e["run_dir"]) if not e.get("array") else None,
                 "submitted_at": e.get("submitted_at"), "run_dir": e["run_dir"],
                 "spec": e.get("spec"), "git": e.get("git")}
+
+
+def run_outcome(run_dir: str | Path) -> str | None:
+    """The run's outcome over its attempts (:func:`hpcsuite.runs.outcome.outcome`) for a
+    listing of many runs: damaged records are said, never an error that hides the others."""
+    from ..runs.attempts import read_records
+    from ..runs.outcome import outcome
+
+    try:
+        return outcome(read_records(run_dir))
+    except UserError:
+        return "attempt records damaged (`hpcsuite status` names the line)"
 
 
 def reported_error(run_dir: Path | None) -> dict | None:

@@ -38,18 +38,39 @@ class Outcome(Record):
             payload["results"] = self.results.to_json()
         return payload
 
+    def summary(self) -> str:
+        """A completed or stopped job in words: its results, and in script mode the ranks that
+        trained alone, or that its script records nothing through hpcsuite.api."""
+        from ..runs.results import summarize
+        from ..runs.script_ranks import lines, read
+
+        said = lines(read(self.run_dir) if self.run_dir else [], self.job_id,
+                     self.results is not None)
+        if self.results is not None:
+            return "\n".join([summarize(self.run_dir), *(f"  {line}" for line in said)])
+        if not said:
+            return f"job {self.job_id} completed; no results.json in {self.run_dir}"
+        return "\n".join(line if line.startswith("warning") else f"job {self.job_id} {line}"
+                         for line in said)
+
     def failure(self) -> str:
         """The job's end, what its first failing rank reported (the launcher's own lines may
         push that out of the log's last lines: a stalled start names where the ranks stopped),
-        and its log, in one message."""
+        and its log, in one message: for an exception its type and message, the rank and
+        node, the user's file:line, and the traceback's last frames instead of the log's
+        last lines (Open MPI's words on a rank that exited)."""
         from pathlib import Path
 
-        from .status import reported_error
+        from .status import error_rank, error_said, reported_error
 
         said = reported_error(Path(self.run_dir)) if self.run_dir else None
-        return (f"job {self.job_id} ended {self.state.state} (exit {self.state.exit_code})"
-                + (f": {said['message']}" if said else "")
-                + f"; last lines of {self.log}:\n{self.tail}")
+        head = f"job {self.job_id} ended {self.state.state} (exit {self.state.exit_code})"
+        if said is None:
+            return f"{head}; last lines of {self.log}:\n{self.tail}"
+        head += f": {error_rank(said)}: {error_said(said)}"
+        if said["frames"] is None:      # no traceback: the log's last lines say the rest
+            return f"{head}; last lines of {self.log}:\n{self.tail}"
+        return f"{head}\n{said['frames']}\nthe whole log: {self.log} (hpcsuite logs {self.job_id})"
 
     def error(self) -> Exception | None:
         """The exception a command ends with (its exit code is the outcome's), or None."""
