@@ -55,3 +55,71 @@ def test_the_textfile_carries_each_ranks_own_time_and_wait_and_rank_0_the_slow_r
     unknown.write_prometheus(unknown.sample())          # TensorFlow: not measured, not shown
     text = (tmp_path / "u" / "hpcsuite-7-rank-0.prom").read_text()
     assert "hpcsuite_step_own_seconds" not in text and "hpcsuite_slow_rank" not in text
+
+
+def _families(path):
+    """The textfile through prometheus_client's parser (promtool is not on this machine:
+    `promtool check metrics` is run where it is, see test_the_end_passes_promtool)."""
+    return {f.name: f for f in text_string_to_metric_families(path.read_text())}
+
+
+def test_the_textfile_ends_with_the_final_values_and_says_the_job_ended(tmp_path, monkeypatch):
+    """A finished rank's textfile keeps its last write for ever: that write has the final
+    step (not the last interval's) and says the rank ended and how."""
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    progress = SimpleNamespace(step=0)
+    sampler = Sampler(0.05, rank=0, prometheus_dir=str(tmp_path), job="j", host="h").start(progress)
+    time.sleep(0.2)
+    path = tmp_path / "hpcsuite-9-rank-0.prom"
+    running = _families(path)
+    assert running["hpcsuite_job_running"].samples[0].value == 1
+    assert "hpcsuite_job_end_time_seconds" not in running and "hpcsuite_job_ended" not in running
+    progress.step = 1500                 # the last steps, after the last interval's sample
+    before = time.time()
+    sampler.stop("preempted")
+    ended = _families(path)
+    assert ended["hpcsuite_step"].samples[0].value == 1500
+    assert ended["hpcsuite_job_running"].samples[0].value == 0
+    assert before <= ended["hpcsuite_job_end_time_seconds"].samples[0].value <= time.time()
+    status = ended["hpcsuite_job_ended"].samples[0]
+    assert status.labels["status"] == "preempted" and status.value == 1
+    time.sleep(0.15)                     # nothing writes after the end
+    assert _families(path)["hpcsuite_job_running"].samples[0].value == 0
+
+
+def test_a_failing_rank_writes_the_end_through_end_all(tmp_path, monkeypatch):
+    from hpcsuite.runtime import monitor
+
+    monkeypatch.setenv("SLURM_JOB_ID", "10")
+    progress = SimpleNamespace(step=3)
+    sampler = Sampler(0.05, rank=1, prometheus_dir=str(tmp_path), job="j", host="h").start(progress)
+    time.sleep(0.1)
+    progress.step = 4
+    monitor.end_all("failed")
+    assert sampler not in monitor._ACTIVE
+    ended = _families(tmp_path / "hpcsuite-10-rank-1.prom")
+    assert ended["hpcsuite_step"].samples[0].value == 4
+    assert ended["hpcsuite_job_ended"].samples[0].labels["status"] == "failed"
+    assert ended["hpcsuite_job_running"].samples[0].value == 0
+    sampler.stop("completed")            # a later stop does not rewrite how it ended
+    assert _families(tmp_path / "hpcsuite-10-rank-1.prom")["hpcsuite_job_ended"] \
+        .samples[0].labels["status"] == "failed"
+
+
+def test_the_end_passes_promtool(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed here (prometheus_client's parser reads it above)")
+    monkeypatch.setenv("SLURM_JOB_ID", "11")
+    sampler = Sampler(10, rank=0, prometheus_dir=str(tmp_path), job="j", host="h")
+    sampler.balance = (0.001, 0.0002, {"rank": 1})
+    sampler.start(SimpleNamespace(step=5)).stop("completed")
+    text = (tmp_path / "hpcsuite-11-rank-0.prom").read_text()
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr

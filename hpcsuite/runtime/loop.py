@@ -180,7 +180,8 @@ class Trainer:
         elapsed = time.perf_counter() - t_start
         if self.timeline is not None:
             self.timeline.close(p.step)
-        self.utilisation = self.sampler.stop() if self.sampler is not None else []
+        self.utilisation = self.sampler.stop(self.session.status()) \
+            if self.sampler is not None else []
         self.session.settle_vote()
         self.settle_losses()
         m = self.metrics

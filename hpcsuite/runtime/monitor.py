@@ -5,7 +5,11 @@ process, all its threads, in percent of one core) and resident memory, and with 
 utilisation and memory (NVML, through nvidia-ml-py). The series goes into results.json; with
 ``prometheus_dir`` each rank also rewrites a node_exporter textfile (written by
 prometheus_client, atomically) so a site's Prometheus scrapes the job while it runs.
-The thread only reads counters: its cost is a few syscalls a second.
+The thread only reads counters: its cost is a few syscalls a second. When the rank ends the
+textfile is written once more, with the final values and the end said
+(``hpcsuite_job_running 0``, ``hpcsuite_job_end_time_seconds``, ``hpcsuite_job_ended{status}``):
+at the end of training (completed, preempted, ...) and, through :func:`end_all`, by a rank that
+fails or is ended by another's failure; so a dashboard never shows a finished job as running.
 
 With a GPU the sampler also reads the GPU's energy counter (NVML's total energy since the driver
 loaded, in millijoules; Volta and newer) when training starts and when it stops:
@@ -24,6 +28,8 @@ from pathlib import Path
 from ..errors import UserError
 
 log = logging.getLogger(__name__)
+
+_ACTIVE: list["Sampler"] = []     # started and not yet stopped (end_all)
 
 
 class Sampler:
@@ -56,6 +62,8 @@ class Sampler:
             job_id = os.environ.get("SLURM_JOB_ID", "local")
             self.prom_path = directory / f"hpcsuite-{job_id}-rank-{rank}.prom"
         self._t0 = time.monotonic()
+        self.ended: tuple[str, float] | None = None   # (status, Unix time) once the rank ended
+        self._writing = threading.Lock()   # one textfile write at a time: the last is the end
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpcsuite-monitor", daemon=True)
 
@@ -77,12 +85,16 @@ class Sampler:
         self._energy0 = self.energy_mj()
         self._t0 = time.monotonic()
         self._thread.start()
+        _ACTIVE.append(self)
         return self
 
-    def stop(self) -> list[dict]:
+    def stop(self, status: str = "completed") -> list[dict]:
+        """Stop sampling: the final sample joins the series and, with ``prometheus_dir``, the
+        textfile (with the job's end and ``status``: completed, preempted, ...)."""
         self._stop.set()
         self._thread.join(timeout=5)
         self.samples.append(self.sample())   # the end of the run is always in the series
+        self.finish(status, self.samples[-1])
         end = self.energy_mj() if self._energy0 is not None else None
         if end is not None and end >= self._energy0:
             self.energy_j = (end - self._energy0) / 1000.0
@@ -124,13 +136,35 @@ class Sampler:
         while not self._stop.wait(self.interval):
             s = self.sample()
             self.samples.append(s)
-            if self.prom_path is not None:
-                try:
-                    self.write_prometheus(s)
-                except OSError as e:
-                    log.warning("train.monitor: cannot write %s (%s); not trying again",
-                                self.prom_path, e.strerror)
-                    self.prom_path = None
+            self._textfile(s)
+
+    def _textfile(self, s: dict, timeout: float = -1) -> None:
+        """Write the textfile with sample ``s`` (once the rank has ended, every write says so)."""
+        if self.prom_path is None or not self._writing.acquire(timeout=timeout):
+            return
+        try:
+            self.write_prometheus(s)
+        except OSError as e:
+            log.warning("train.monitor: cannot write %s (%s); not trying again",
+                        self.prom_path, e.strerror)
+            self.prom_path = None
+        finally:
+            self._writing.release()
+
+    def finish(self, status: str, s: dict | None = None, timeout: float = -1) -> None:
+        """The rank ended with ``status``: the textfile's last write says so, with sample
+        ``s`` (a fresh one when None). Once; ``timeout``: how long to wait for a write in
+        progress (a failing rank does not wait long)."""
+        if self.ended is not None:
+            return
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        self.ended = (status, time.time())
+        self._stop.set()
+        if s is None:
+            s = self.sample()
+            self.samples.append(s)
+        self._textfile(s, timeout)
 
     def write_prometheus(self, s: dict) -> None:
         from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
@@ -144,6 +178,14 @@ class Sampler:
             Gauge(name, doc, names, registry=registry).labels(**labels).set(value)
 
         gauge("hpcsuite_step", "optimizer steps done by the job", s["step"])
+        gauge("hpcsuite_job_running", "1 while the rank trains, 0 once it has ended (the "
+              "values are then its last)", 0 if self.ended else 1)
+        if self.ended:
+            status, at = self.ended
+            gauge("hpcsuite_job_end_time_seconds", "when the rank ended, Unix time", at)
+            Gauge("hpcsuite_job_ended", "1, labelled with how the rank ended: completed, "
+                  "preempted, time_limit, stopped or failed", [*names, "status"],
+                  registry=registry).labels(**labels, status=status).set(1)
         gauge("hpcsuite_cpu_percent", "the rank's CPU use, percent of one core", s["cpu_percent"])
         gauge("hpcsuite_rss_bytes", "the rank's resident memory", s["rss_bytes"])
         if "gpu_percent" in s:
@@ -160,6 +202,17 @@ class Sampler:
             gauge("hpcsuite_slow_rank", "the rank the others wait for (runs/stragglers.py's "
                   "rule), -1 for none", slow["rank"] if slow else -1)
         write_to_textfile(str(self.prom_path), registry)   # a temporary file, then a rename
+
+
+def end_all(status: str) -> None:
+    """Every sampler of this process still running ends with ``status`` (a rank about to
+    exit on a failure: its textfile says the job ended, not running at its last sample).
+    Never raises: the rank is failing already."""
+    for sampler in list(_ACTIVE):
+        try:
+            sampler.finish(status, timeout=1.0)
+        except Exception as e:  # noqa: BLE001 - the failure being reported comes first
+            log.warning("train.monitor: could not write the end (%s)", e)
 
 
 def nvml_handle(nvml, device: str):
