@@ -184,7 +184,10 @@ def test_status_of_a_job_that_failed_on_a_reported_error_shows_it(monkeypatch, t
                                                "  File \"m.py\", line 3\nValueError: bad shape\n")
     fake_slurm(monkeypatch, "21|FAILED\n", "JobId=21 JobState=FAILED ExitCode=1:0")
     record = describe("21", tmp_path)
-    assert record.error == {"attempt": 10, "rank": 3, "message": "ValueError: bad shape"}
+    assert record.error == {"attempt": 10, "rank": 3, "message": "ValueError: bad shape",
+                            "node": None, "at": None, "hint": None,
+                            "frames": 'Traceback (most recent call last):\n  File "m.py", line 3\n'
+                                      'ValueError: bad shape'}
     assert "  error (attempt 10, rank 3): ValueError: bad shape" in record.lines()
     (run_dir / "FAILED-attempt-10").unlink()
     assert "  error (attempt 0, rank 1): job.json: train.data.path: /x.npy: no such file" \

@@ -6,6 +6,7 @@ a resubmitted element that keeps the sweep's max_parallel."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ def test_cancel_says_what_it_did_and_status_and_logs_say_what_is(local_cluster, 
     broken = run_cli("submit", "broken.yaml", "--wait", cwd=tmp_path, env=env, timeout=400)
     assert broken.returncode == 2, broken.stdout + broken.stderr
     text = run_cli("status", "broken", cwd=tmp_path, env=env, check=True).stdout
-    assert "  error (attempt 0, rank 0): unknown model 'nosuchmodel'" in text, text
+    assert re.search(r"  error \(attempt 0, rank 0 on \S+\): unknown model 'nosuchmodel'", text), text
     status = json.loads(run_cli("status", "broken", "--json", cwd=tmp_path, env=env,
                                 check=True).stdout)
     assert status["error"]["message"].startswith("unknown model 'nosuchmodel'")

@@ -93,7 +93,8 @@ def test_a_failed_job_leads_with_what_its_ranks_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(jobs, "query", lambda job_id: state(name="FAILED", exit_code="1:0"))
     err = runner.wait("9", str(run_dir)).error()
     assert type(err) is JobFailed and str(err).startswith(
-        "job 9 ended FAILED (exit 1:0): ranks stopped inside Horovod's init: no step within 20 s "
+        "job 9 ended FAILED (exit 1:0): rank 1: ranks stopped inside Horovod's init: no step "
+        "within 20 s "
         f"after they started (train.startup_timeout_seconds); last lines of {log}:\nmpirun noise")
 
 

@@ -83,10 +83,7 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
     if as_json and outcome.state is not None and outcome.exit_class != runner.NEVER_STARTS:
         emit_json(outcome.to_json())
     if not as_json and outcome.exit_class in (runner.COMPLETED, runner.STOPPED):
-        from ..runs.results import summarize
-
-        click.echo(summarize(done.run_dir) if outcome.results is not None else
-                   f"job {done.job_id} completed; no results.json in {done.run_dir}")
+        click.echo(outcome.summary())
     if outcome.error() is not None:
         raise outcome.error()
 
@@ -281,14 +278,20 @@ def report(run, out):
     with train.monitor.tensorboard where the event files are and the `tensorboard` command,
     with train.monitor on GPUs their energy and whether they were starved for data, and each
     rank's own work and allreduce wait per step, naming a rank the others waited for. With
-    train.tracking the plots are added to the run's MLflow run (report/)."""
-    from ..runs.report import (gpu_findings, plot, slow_rank_findings, tensorboard_line,
-                               timeline_line, timeline_summary, timeline_windows)
+    train.tracking the plots are added to the run's MLflow run (report/). A script that
+    completed without hpcsuite.api has no results to plot: report says so (exit 0)."""
+    from ..runs.report import (gpu_findings, nothing_recorded, plot, slow_rank_findings,
+                               tensorboard_line, timeline_line, timeline_summary,
+                               timeline_windows)
 
     job_id, entry = _find_run(run)
     if entry is None:
         raise UserError(f"job {job_id}: no run directory known (not submitted from here); give "
                         "its run directory")
+    said = nothing_recorded(Path(entry["run_dir"]), job_id)
+    if said:            # not an error: the job did what its script does
+        click.echo(said)
+        return
     plots = plot(Path(entry["run_dir"]), Path(out) if out else None)
     for path in plots:
         click.echo(str(path))

@@ -81,6 +81,7 @@ class StatusRecord(Record):
     records: list = field(default_factory=list)     # attempts.jsonl
     timeout_note: str | None = None    # a TIMEOUT: what was lost, what resumes
     error: dict | None = None          # the error its ranks reported (FAILED-attempt-N)
+    script: list = field(default_factory=list)      # script mode: what each rank's script did
 
     @classmethod
     def live(cls, state, run_dir: str | Path | None) -> "StatusRecord":
@@ -124,6 +125,7 @@ class StatusRecord(Record):
                                                      r.step_times_s, r.start_step)}
         c = attempts.counts(self.records)
         payload["error"] = self.error
+        payload["script"] = self.script or None
         payload["attempts"] = {"records": self.records, "count": c.attempts,
                                "completed": c.completed, "preempted": c.preempted,
                                "failed": c.failed}
@@ -151,17 +153,25 @@ class StatusRecord(Record):
                 out.append(f"  whole run: {describe_run(r)}")
             out += [f"  {line}" for line in gpu_lines(r)]
         out += [f"  {line}" for line in slow_rank_lines(self.progress, r)]
+        out += [f"  {line}" for line in self.script_lines()]
         if self.records:
             out.append(f"  attempts: {attempts.counts(self.records).describe()}; last: "
                        f"{describe_record(self.records[-1])}")
         if self.error:
             e = self.error
-            out.append(f"  error (attempt {e['attempt']}, rank {e['rank']}): {e['message']}")
+            out.append(f"  error (attempt {e['attempt']}, {error_rank(e)}): {error_said(e)}")
         if self.timeout_note:
             out.append(f"  reached its time limit without stopping first; {self.timeout_note}")
         if self.run_dir:
             out.append(f"  run directory: {self.run_dir}")
         return out
+
+    def script_lines(self) -> list[str]:
+        """Script mode: ranks that trained alone; a completed script that made no Run."""
+        from ..runs.script_ranks import lines
+
+        completed = self.state is not None and self.state.state == "COMPLETED"
+        return lines(self.script, self.job_id, self.results is not None, completed)
 
     def row(self) -> dict:
         """One row of `runs` (and `runs --json`); a job array's row has ``array`` (its sweep,
@@ -192,9 +202,13 @@ def run_outcome(run_dir: str | Path) -> str | None:
 
 def reported_error(run_dir: Path | None) -> dict | None:
     """The failure the ranks reported in the latest attempt that reported one
-    (``FAILED-attempt-N``: "rank R", then the error): {attempt, rank, message}, the message
-    the ``error:`` line hpcsuite printed, else the last line (a traceback's exception)."""
+    (``FAILED-attempt-N``, :func:`~hpcsuite.runs.rundir.failure_text`): {attempt, rank,
+    message, node, at, hint, frames}. The message: the exception's type and message, else the
+    ``error:`` line hpcsuite printed, else the last line; ``frames``: a traceback's last
+    frames and its exception (None without one)."""
     import re
+
+    from ..runs.rundir import FAILURE_TAGS
 
     if run_dir is None:
         return None
@@ -207,17 +221,49 @@ def reported_error(run_dir: Path | None) -> dict | None:
         return None
     attempt, path = max(found)
     try:
-        lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+        raw = path.read_text(errors="replace").splitlines()
     except OSError:
         return None
-    rank = lines[0].partition(" ")[2] if lines and lines[0].startswith("rank ") else None
-    body = lines[1:] if rank is not None else lines
-    if body and re.fullmatch(r"exit \d+", body[0]):
+    rank = raw[0].partition(" ")[2] if raw and raw[0].startswith("rank ") else None
+    body = raw[1:] if rank is not None else raw
+    if body and re.fullmatch(r"exit \d+", body[0].strip()):
         body = body[1:]
-    said = [l[len("error: "):] for l in body if l.startswith("error: ")]
-    message = said[0] if said else (body[-1] if body else "no message")
+    tags = {}
+    for tag in FAILURE_TAGS:
+        if body and body[0].startswith(f"{tag}: "):
+            tags[tag] = body.pop(0)[len(tag) + 2:].strip()
+    lines = [l.strip() for l in body if l.strip()]
+    said = [l[len("error: "):] for l in lines if l.startswith("error: ")]
+    message = tags.get("raised") or (said[0] if said else (lines[-1] if lines else "no message"))
     return {"attempt": attempt, "rank": int(rank) if rank and rank.isdigit() else rank,
-            "message": message}
+            "message": message, "node": tags.get("node"), "at": tags.get("at"),
+            "hint": tags.get("hint"), "frames": last_frames(body)}
+
+
+def last_frames(lines: list[str], keep: int = 3) -> str | None:
+    """The last ``keep`` frames of the traceback in ``lines`` and the exception after them
+    (None without a traceback): what a user reads first, not the launcher's lines."""
+    starts = [i for i, l in enumerate(lines) if l.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    tb = lines[starts[-1] + 1:]
+    frames = [i for i, l in enumerate(tb) if l.startswith('  File "')]
+    if not frames:
+        return "\n".join(tb).strip() or None
+    head = "Traceback (most recent call last):" if len(frames) <= keep else \
+        f"Traceback (most recent call last, its last {keep} frames):"
+    return "\n".join([head, *tb[frames[-keep:][0]:]]).rstrip()
+
+
+def error_rank(e: dict) -> str:
+    """Which rank reported it, and on which node: ``rank 1 on node2``."""
+    return f"rank {e['rank']}" + (f" on {e['node']}" if e.get("node") else "")
+
+
+def error_said(e: dict) -> str:
+    """What it reported in one line: message, the user's file:line, a hint for a known one."""
+    return (e["message"] + (f" (at {e['at']})" if e.get("at") else "")
+            + (f"; {e['hint']}" if e.get("hint") else ""))
 
 
 def _last_checkpoint(job, run_dir: Path) -> str:
@@ -235,7 +281,7 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
     """RUN (a job id, a run directory, or a job name: its latest run in the registry of
     ``workdir``, here by default) as Slurm and its run directory show it now. A job id
     submitted elsewhere is looked up in the registry of the directory Slurm says it came from."""
-    from ..runs import attempts, jobs, registry
+    from ..runs import attempts, jobs, registry, script_ranks
     from ..runs.results import Results, read_progress
 
     job_id, entry = registry.locate(Path(workdir or Path.cwd()), run)
@@ -266,7 +312,7 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
         progress=read_progress(run_dir) if run_dir else None,
         results=Results.load(rd.results) if rd and rd.results.is_file() else None,
         records=attempts.read_records(run_dir) if run_dir else [],
-        error=reported_error(run_dir),
+        error=reported_error(run_dir), script=script_ranks.read(run_dir) if run_dir else [],
         timeout_note=_last_checkpoint(job, run_dir) if state.state == "TIMEOUT" and job
         else None)
 

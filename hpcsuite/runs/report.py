@@ -33,6 +33,17 @@ def load(run_dir: Path) -> Results:
     return Results.load(path)
 
 
+def nothing_recorded(run_dir: Path, job_id: str) -> str | None:
+    """The line for a run whose script completed without hpcsuite.api (so no results.json will
+    come, and there is nothing to plot), else None."""
+    from .script_ranks import nothing_recorded_line, read, records_nothing
+
+    rd = RunDir(run_dir)
+    if rd.results.is_file() or rd.failed_markers() or not records_nothing(read(run_dir)):
+        return None
+    return f"job {job_id} {nothing_recorded_line(job_id)}; there is nothing to plot"
+
+
 def gpu_findings(run_dir: Path) -> list[str]:
     """What the run's GPUs did, in lines: starved or underused, and their energy."""
     from .gpu_use import gpu_lines

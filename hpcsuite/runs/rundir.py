@@ -19,6 +19,7 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             FAILED-attempt-N             the first failure of attempt N was reported
             startup/attempt-N/rank-R.json  where rank R was when attempt N's startup watch ran
                                          out (no step within train.startup_timeout_seconds)
+            script/attempt-N/rank-R.json  what rank R saw once its script returned (script mode)
             PREEMPTED                    "STEP REASON": the run stopped with a checkpoint
             progress.json                the latest step, loss, throughput (every ~2 s)
             results.json                 the latest attempt, with every attempt's summary
@@ -74,6 +75,7 @@ READY = "ready"
 STOP_REQUESTED = "STOP-REQUESTED"
 FAILED = "FAILED"
 STARTUP = "startup"
+SCRIPT_WORDS = "script"
 LOGS = "logs"
 LEDGER = "ledger"
 TENSORBOARD = "tensorboard"
@@ -128,10 +130,16 @@ def failed_name(attempt: int | str) -> str:
     return f"{FAILED}-attempt-{attempt}"
 
 
-def failure_text(rank: int, code: int, text: str) -> str:
+FAILURE_TAGS = ("node", "raised", "at", "hint")   # a marker's optional lines, in this order
+
+
+def failure_text(rank: int, code: int, text: str, **tags: str | None) -> str:
     """A FAILED-attempt-N marker's text: the first rank that failed, the status it exits with,
+    the optional ``FAILURE_TAGS`` (its node; for an exception, its type and message on one
+    line, the user's file:line it came from, a hint for a known one) as ``TAG: value`` lines,
     then what it said (``error: ...`` lines or a traceback)."""
-    return f"rank {rank}\nexit {code}\n{text}\n"
+    said = [f"{tag}: {tags[tag]}" for tag in FAILURE_TAGS if tags.get(tag)]
+    return "\n".join([f"rank {rank}", f"exit {code}", *said, text]) + "\n"
 
 
 def failure_exit(path: Path) -> int | None:
@@ -151,6 +159,10 @@ def startup_name(attempt: int | str) -> str:
 
 def startup_word_name(rank: int | str) -> str:
     return f"rank-{rank}.json"
+
+
+def script_word_name(attempt: int | str, rank: int | str) -> str:
+    return f"{SCRIPT_WORDS}/attempt-{attempt}/rank-{rank}.json"
 
 
 def attempt_results_name(attempt: int | str) -> str:
@@ -297,6 +309,16 @@ class RunDir:
 
     def startup_words(self, attempt: int | str) -> list[Path]:
         return sorted(self.startup(attempt).glob(startup_word_name("*")))
+
+    def script_word(self, attempt: int | str, rank: int) -> Path:
+        return self.path / script_word_name(attempt, rank)
+
+    def script_words(self, attempt: int | str) -> list[Path]:
+        return sorted(self.path.glob(script_word_name(attempt, "*")))
+
+    def script_attempts(self) -> list[int]:
+        return [int(p.name.split("-")[1]) for p in self.path.glob(f"{SCRIPT_WORDS}/attempt-*")
+                if p.name.split("-")[1].isdigit()]
 
     def failed_markers(self) -> list[Path]:
         return sorted(self.path.glob(failed_name("*")))

@@ -244,8 +244,13 @@ _INSTALLED = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
 def user_frame(frames: list) -> str | None:
     """``FILE:LINE in FUNCTION`` of the innermost frame in the user's code (neither hpcsuite
     nor an installed package or the standard library), or None."""
-    for f in frames:
-        name = f.f_code.co_filename
+    return user_place((f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in frames)
+
+
+def user_place(places) -> str | None:
+    """:func:`user_frame` of ``(file, line, function)`` places, innermost first (a
+    traceback's, reversed)."""
+    for name, lineno, function in places:
         if name.startswith(_PACKAGE) or name.startswith(_INSTALLED) or name.startswith("<"):
             continue
         try:
@@ -254,7 +259,7 @@ def user_frame(frames: list) -> str | None:
             shown = name
         if shown.startswith(".."):
             shown = name
-        return f"{shown}:{f.f_lineno} in {f.f_code.co_name}"
+        return f"{shown}:{lineno}" + (f" in {function}" if function else "")
     return None
 
 

@@ -71,7 +71,7 @@ def main(job_path: str) -> None:
                  isinstance(e.code, int) else 1)
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
         fail(run_dir, rank, user_traceback(e), code=1,
-             key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e))
+             key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e), exc=e)
     startup.end()
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
@@ -187,32 +187,67 @@ def blame_by_frames(job: JobSpec, exc: BaseException) -> str | None:
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback from the user's first frame on: the first frame in neither hpcsuite nor
-    an installed package or the standard library (those under sys.prefix), else the first
-    frame outside hpcsuite."""
+    an installed package or the standard library (those under sys.prefix, and frozen ones
+    such as runpy's), else the first frame outside hpcsuite."""
     frames = traceback.extract_tb(exc.__traceback__)
     package = str(Path(__file__).resolve().parent.parent)
     installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     outside = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
-    user = [i for i in outside if not frames[i].filename.startswith(installed)]
+    user = [i for i in outside if not frames[i].filename.startswith((*installed, "<"))]
     start = (user or outside or [0])[0]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[start:]),
              *traceback.format_exception_only(type(exc), exc)]
     return "".join(lines).rstrip()
 
 
-def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None) -> None:
+def raised_line(exc: BaseException) -> str:
+    """The exception's type (with its module, but a builtin's) and message on one line."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
+        f"{kind.__module__}.{kind.__qualname__}"
+    message = " ".join(str(exc).split())
+    return f"{name}: {message[:500]}" if message else name
+
+
+def user_site(exc: BaseException) -> str | None:
+    """``FILE:LINE in FUNCTION`` of the user's innermost frame in the traceback (for a
+    SyntaxError, where the compiler stopped), or None when no frame is the user's."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return startup.user_place([(exc.filename, exc.lineno, None)])
+    frames = traceback.extract_tb(exc.__traceback__)
+    return startup.user_place((f.filename, f.lineno, f.name) for f in reversed(frames))
+
+
+def known_hint(exc: BaseException) -> str | None:
+    """Where the docs answer a known failure of users' scripts, or None."""
+    from .script_hints import hint
+
+    return hint(raised_line(exc))
+
+
+def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None,
+         exc: BaseException | None = None) -> None:
     """Report a failure once for the whole job and end this rank now.
 
-    The first rank to fail creates FAILED in the run directory and prints everything; a rank
-    that fails after it prints one line. ``os._exit``: a clean exit would wait in Horovod's
-    shutdown for ranks that are still waiting for this one."""
+    The first rank to fail creates FAILED in the run directory (with its node and, for an
+    exception ``exc``, its type and message, the user's file:line and a hint for a known
+    one: what ``submit --wait`` and ``status`` say) and prints everything; a rank that fails
+    after it prints one line. Each in one write, so that the launcher, which forwards every
+    rank's stderr, cannot cut it. ``os._exit``: a clean exit would wait in Horovod's shutdown
+    for ranks that are still waiting for this one."""
     head = f"hpcsuite train: rank {rank} on {hostname()} failed" + (f" in {key}" if key else "")
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    hint = known_hint(exc) if exc is not None else None
+    if hint:
+        text = f"{text}\n{hint}"
     first = True
     marker = RunDir(run_dir).failed(attempt_number())
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "w") as f:
-            f.write(failure_text(rank, code, text))
+            f.write(failure_text(rank, code, text, node=hostname(),
+                                 raised=raised_line(exc) if exc is not None else None,
+                                 at=user_site(exc) if exc is not None else None, hint=hint))
     except FileExistsError:
         first = False
     except OSError:
@@ -221,10 +256,30 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None)
         _RANK_LOG[0].handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s:\n%s",
                                               (head, text), None))
     if first:
-        print(f"{head}:\n{text}", file=sys.stderr, flush=True)
+        say(f"{head}:\n{text}\n")
     else:
-        last = text.strip().splitlines()[-1] if text.strip() else ""
-        print(f"{head} too ({last}); the first failure is reported above", file=sys.stderr,
-              flush=True)
-    sys.stdout.flush()
+        # Its lines may reach the job's log before the first rank's: not "above".
+        say(f"{head} too ({last}); {first_failure(marker)} is reported in this log and in "
+            f"{marker}\n")
     os._exit(code)
+
+
+def first_failure(marker: Path) -> str:
+    """``rank R's failure, the first,`` from the marker that rank wrote."""
+    try:
+        first = marker.read_text(errors="replace").partition("\n")[0]
+    except OSError:
+        first = ""
+    return f"{first}'s failure, the first," if first.startswith("rank ") else "the first failure"
+
+
+def say(text: str) -> None:
+    """``text`` to stderr in one write (after what Python buffered), whole lines only."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    data = text.encode(errors="replace")
+    while data:
+        try:
+            data = data[os.write(2, data):]
+        except OSError:
+            return
