@@ -96,3 +96,37 @@ def test_report_marks_each_check():
                           doctor.Check("pmi", doctor.FAIL, "srun --mpi=pmix_v9 missing", "set it")])
     assert "ok   slurm" in text and "FAIL pmi" in text and "-> set it" in text
     assert text.endswith("2 checks: 1 failed, 0 warnings")
+
+
+def test_the_slow_checks_run_side_by_side_and_doctor_says_what_it_waits_for(monkeypatch):
+    """horovodrun --check-build, the GPU build probe and the compute node's srun each take
+    seconds (they import frameworks): they overlap, and progress names them as they start
+    and end. The subprocesses are replaced by sleeps here; test_e2e_doctor runs the real ones."""
+    import time
+
+    quick = doctor.Check("x", doctor.PASS, "ok")
+    for name in ("check_slurm", "check_accounting", "check_mpi", "check_infiniband", "check_gpus"):
+        monkeypatch.setattr(doctor, name, lambda *a, **k: quick)
+    monkeypatch.setattr(doctor, "check_pmi", lambda *a, **k: quick)
+    monkeypatch.setattr(doctor, "check_network", lambda *a, **k: quick)
+
+    def slow(answer):
+        def run(*a, **k):
+            time.sleep(0.6)
+            return answer
+        return run
+
+    monkeypatch.setattr(doctor, "horovod_build", slow((0, CHECK_BUILD)))
+    monkeypatch.setattr(doctor, "horovod_gpu_build", slow({"nccl": 0, "cuda": False, "rocm": False}))
+    monkeypatch.setattr(doctor, "check_compute", slow(doctor.Check("compute", doctor.PASS, "probe")))
+    said = []
+    started = time.monotonic()
+    checks = doctor.run_checks(SiteProfile(), progress=said.append)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.5, elapsed                     # three 0.6 s waits at once, not 1.8 s
+    assert [c.name for c in checks][-2:] == ["fabric", "compute"], [c.name for c in checks]
+    assert checks[4].name == "horovod" and "GPU build: no CUDA, no NCCL" in checks[4].detail
+    assert said[0].startswith("waiting for horovodrun --check-build") and "srun" in said[0]
+    assert [s.split(":")[0] for s in said[1:]] == ["horovod", "gpu build", "compute"], said
+    without = doctor.run_checks(SiteProfile(), compute=False, progress=said.append)
+    assert "compute" not in [c.name for c in without]

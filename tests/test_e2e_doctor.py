@@ -15,7 +15,17 @@ def test_doctor_passes_on_the_local_cluster(local_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = {c["name"]: c for c in json.loads(proc.stdout)}
     assert set(checks) == {"slurm", "accounting", "pmi", "mpi", "horovod", "infiniband",
-                           "network", "gpus", "compute"}
+                           "network", "gpus", "fabric", "compute"}
+    # The cluster's profile names its fabric, a nominal figure and said so, and the bar a job's
+    # preflight.fabric (min_busbw_gbps: site) holds each node pair to.
+    fabric = checks["fabric"]
+    assert fabric["status"] == "pass" and fabric["detail"].startswith(
+        "site profile: 1 GB/s, 10 us per step between nodes; one flat ring (nominal: TCP over "
+        "loopback"), fabric
+    assert fabric["detail"].endswith("site asks 0.8 GB/s busbw of each node pair (80%)"), fabric
+    # What it waits for, on stderr (stdout is the JSON), the slow checks side by side.
+    assert proc.stderr.startswith("doctor: waiting for horovodrun --check-build"), proc.stderr
+    assert "doctor: compute: done after" in proc.stderr, proc.stderr
     assert checks["accounting"]["status"] == "pass"         # slurmdbd of the local cluster
     assert all(c["status"] != "fail" for c in checks.values()), checks
     assert "debug (up)" in checks["slurm"]["detail"]
@@ -39,4 +49,6 @@ def test_doctor_fails_with_a_hint_when_the_launchers_pmi_is_missing(local_cluste
     assert "srun --mpi=pmix_v9" in lines[pmi] and "set mpi.srun_mpi" in lines[pmi + 1]
     assert any(l.startswith("FAIL slurm") and "gpu" in l for l in lines)      # no such partition
     assert any(l.startswith("FAIL horovod") and "no NCCL" in l for l in lines)
+    # A profile without a fabric: doctor says what min_busbw_gbps: site cannot do there.
+    assert any(l.startswith("WARN fabric") and "names no fabric" in l for l in lines), lines
     assert "Traceback" not in proc.stderr

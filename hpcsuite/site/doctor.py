@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from .. import fabrics, gpuhealth, slurm
 from ..errors import UserError
 from ..submit.site_profile import SiteProfile
+from .doctor_parse import interface_names, parse_check_build, parse_mpi_list, parse_partitions
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -41,55 +41,6 @@ def _run(argv: list[str], timeout: float = 60, env: dict | None = None) -> tuple
     except UserError as e:
         return (127 if "not found" in str(e) else 124), str(e)
     return done.returncode, (done.stdout + done.stderr).strip()
-
-
-# ---------------------------------------------------------------------------- parsers
-
-def parse_partitions(text: str) -> dict[str, str]:
-    """``sinfo -h -o '%R %a'`` -> {partition: availability (up, down, ...)}."""
-    found = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            found[parts[0]] = parts[1]
-    return found
-
-
-def parse_mpi_list(text: str) -> set[str]:
-    """``srun --mpi=list``: the plugin names, including the specific pmix versions."""
-    names: set[str] = set()
-    for line in text.splitlines():
-        line = line.strip()
-        if line.lower().startswith("specific pmix plugin versions available:"):
-            names.update(v.strip() for v in line.split(":", 1)[1].split(","))
-        elif line and " " not in line:
-            names.add(line)
-    return names - {""}
-
-
-def parse_check_build(text: str) -> dict[str, set[str]]:
-    """``horovodrun --check-build`` -> {"frameworks"|"controllers"|"operations": {marked}}."""
-    sections = {"Available Frameworks": "frameworks", "Available Controllers": "controllers",
-                "Available Tensor Operations": "operations"}
-    out: dict[str, set[str]] = {v: set() for v in sections.values()}
-    current = None
-    for line in text.splitlines():
-        head = line.strip().rstrip(":")
-        if head in sections:
-            current = sections[head]
-            continue
-        m = re.match(r"\s*\[(X| )\]\s+(\S+)", line)
-        if m and current and m.group(1) == "X":
-            out[current].add(m.group(2))
-    return out
-
-
-def interface_names(value: str) -> tuple[list[str], bool]:
-    """NCCL_SOCKET_IFNAME-style value -> (prefixes or names, exact); ``^`` excludes (not checked)."""
-    if value.startswith("^"):
-        return [], False
-    exact = value.startswith("=")
-    return [v for v in value.lstrip("=").split(",") if v], exact
 
 
 # ---------------------------------------------------------------------------- checks
@@ -419,21 +370,46 @@ def check_container(profile: SiteProfile) -> Check | None:
                  f"this node (user namespace, uid map {mapping})")
 
 
+# The slow checks, each a subprocess that imports frameworks (seconds each on a login node):
+# what `doctor` says it is waiting for while they run side by side.
+WAITS = {
+    "horovod": "horovodrun --check-build (it imports each framework Horovod was built for)",
+    "gpu build": "horovod.torch's GPU build (imports torch)",
+    "compute": "one srun on a compute node (Python, numpy, torch, TensorFlow, Horovod there)",
+}
+
+
 def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str | None = None,
-               env: dict[str, str] | None = None, compute: bool = True) -> list[Check]:
+               env: dict[str, str] | None = None, compute: bool = True,
+               progress=None) -> list[Check]:
+    """Every check, in the report's order. The slow ones (:data:`WAITS`) run in threads while
+    the quick ones run here; ``progress(text)`` is told what is awaited and when each is done."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    say = progress or (lambda text: None)
     python = profile.interpreter()
     env = {**os.environ, **(env or {})}
-    checks = [check_slurm(profile), check_accounting(), check_pmi(profile, launcher), check_mpi(),
-              check_horovod(horovod_build(python), profile, horovod_gpu_build(python)),
-              check_infiniband(profile),
-              check_network(env, profile), check_gpus(profile), check_fabric(profile)]
+    started = time.monotonic()
+    slurm_check = check_slurm(profile)
+    slow = {"horovod": lambda: horovod_build(python), "gpu build": lambda: horovod_gpu_build(python)}
+    if compute and slurm_check.status != FAIL:
+        slow["compute"] = lambda: check_compute(python, partition)
+    with ThreadPoolExecutor(max_workers=len(slow)) as pool:
+        futures = {name: pool.submit(fn) for name, fn in slow.items()}
+        say("waiting for " + "; ".join(WAITS[name] for name in futures))
+        checks = [slurm_check, check_accounting(), check_pmi(profile, launcher), check_mpi()]
+        done = {}
+        for name, future in futures.items():
+            done[name] = future.result()
+            say(f"{name}: done after {time.monotonic() - started:.0f} s")
+    checks += [check_horovod(done["horovod"], profile, done["gpu build"]),
+               check_infiniband(profile), check_network(env, profile), check_gpus(profile),
+               check_fabric(profile)]
     checks += [c for c in (check_container(profile),) if c is not None]
     if compute:
-        if checks[0].status == FAIL:
-            checks.append(Check("compute", FAIL, "not asked: Slurm does not answer",
-                                "fix the slurm check first"))
-        else:
-            checks.append(check_compute(python, partition))
+        checks.append(done.get("compute") or Check("compute", FAIL, "not asked: Slurm does not "
+                                                   "answer", "fix the slurm check first"))
     return checks
 
 
