@@ -27,6 +27,11 @@ CLIENTS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct"
                      "srun", "salloc", "sstat"})
 
 
+class TimedOut(UserError):
+    """A program that did not answer within its timeout (it may still have acted: an sbatch
+    that timed out may have submitted the job)."""
+
+
 @dataclass(frozen=True)
 class Completed:
     argv: list[str]
@@ -46,7 +51,8 @@ def slurm_env(extra: dict[str, str] | None = None, *, strip_sbatch: bool = False
 
 def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None,
          cwd: str | None = None, check: bool = True) -> Completed:
-    """Run ``argv`` and capture its output; a missing program or a timeout is a UserError."""
+    """Run ``argv`` and capture its output; a missing program is a UserError, a timeout
+    :class:`TimedOut`."""
     log.debug("run %s", argv)
     conf = (env if env is not None else os.environ).get("SLURM_CONF")
     if conf and argv and argv[0] in CLIENTS and not os.path.isfile(conf):
@@ -60,7 +66,7 @@ def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, st
     except FileNotFoundError:
         raise UserError(f"{argv[0]}: command not found (is Slurm installed and on PATH?)") from None
     except subprocess.TimeoutExpired:
-        raise UserError(f"{argv[0]} did not answer within {timeout:g}s: {' '.join(argv)}") from None
+        raise TimedOut(f"{argv[0]} did not answer within {timeout:g}s: {' '.join(argv)}") from None
     done = Completed(list(argv), proc.returncode, proc.stdout, proc.stderr)
     if check and proc.returncode != 0:
         raise failure(done, env)

@@ -158,7 +158,7 @@ def test_an_sbatch_that_times_out_says_the_job_may_exist_and_keeps_nothing(tmp_p
 
     def slow(argv, **kw):
         assert kw["timeout"] == SBATCH_TIMEOUT_S
-        raise UserError(f"sbatch did not answer within {kw['timeout']}s: {' '.join(argv)}")
+        raise slurm.TimedOut(f"sbatch did not answer within {kw['timeout']}s: {' '.join(argv)}")
 
     monkeypatch.setattr(slurm, "call", slow)
     job = spec_from_dict({"name": "x"}, "t")

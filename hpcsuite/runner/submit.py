@@ -44,14 +44,31 @@ def sbatch(request: BatchRequest, staged: Path) -> str:
         # A busy controller (fifty submits at once on a loaded machine, seen in CI) can keep
         # sbatch a minute or more; a timeout here may leave a job submitted without its id.
         done = slurm.call([*request.sbatch_argv, str(staged)], cwd=request.workdir,
-                          env=slurm.slurm_env(strip_sbatch=True), timeout=SBATCH_TIMEOUT_S)
+                          env=slurm.slurm_env(git_env(request), strip_sbatch=True),
+                          timeout=SBATCH_TIMEOUT_S)
         return slurm.parse_sbatch_parsable(done.stdout)
-    except BaseException as e:
+    except slurm.TimedOut as e:
         staged.unlink(missing_ok=True)
-        if isinstance(e, UserError) and "did not answer" in str(e):
-            raise UserError(f"{e} (the controller is busy; the job may have been submitted "
-                            "all the same: check squeue before submitting again)") from None
+        raise UserError(f"{e} (the controller is busy; the job may have been submitted "
+                        "all the same: check squeue before submitting again)") from None
+    except BaseException:
+        staged.unlink(missing_ok=True)
         raise
+
+
+def git_env(request: BatchRequest) -> dict[str, str]:
+    """For a job that tracks with MLflow: the commit of the work directory's git tree and
+    whether it had changes, as they are now, for the job's environment (sbatch exports it, a
+    requeue keeps it): the ranks tag the run with the commit submitted, not whatever the
+    tree holds when the job starts."""
+    if request.job.train.tracking is None:
+        return {}
+    from ..runs.mlflow_store import GIT_COMMIT, GIT_DIRTY
+    from ..runs.registry import git_state
+
+    git = git_state(request.workdir)
+    return {GIT_COMMIT: git["commit"] or "",
+            GIT_DIRTY: "" if git["dirty"] is None else str(git["dirty"]).lower()}
 
 
 def held(request: BatchRequest) -> BatchRequest:
@@ -81,14 +98,17 @@ def submit(request: BatchRequest, hold: bool = False, *, jobs: list | None = Non
     return _submit_array(request, sweep, list(indices), list(waits_for))
 
 
-def _recorded(write, what: str, job_id: str, where: str = "") -> None:
+def _recorded(write, what: str, job_id: str, where: str = "", doing: str = "record it") -> bool:
     """Run ``write``, which records a submitted job: the job is in Slurm's hands now, so a
-    failure to record it must not hide its id (a warning says both)."""
+    failure to record it (a full or over-quota disk) must not hide its id (a warning says
+    both). Whether it was written."""
     try:
         write()
     except OSError as e:
-        _log().warning("submitted %s %s, but could not record it%s: %s", what, job_id, where,
-                    e.strerror or e)
+        _log().warning("submitted %s %s, but could not %s%s: %s", what, job_id, doing, where,
+                       e.strerror or e)
+        return False
+    return True
 
 
 def _submit_job(request: BatchRequest) -> Submitted:
@@ -99,18 +119,29 @@ def _submit_job(request: BatchRequest) -> Submitted:
     root.path.mkdir(parents=True, exist_ok=True)
     staged = root.staged_script(dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f"))
     job_id = sbatch(request, staged)
+    # From here on the job is Slurm's: every write warns when it fails, none hides the id.
     run = root.run(job_id)
-    run.path.mkdir(parents=True, exist_ok=True)
-    script_path = run.script
-    os.replace(staged, script_path)
-    run.submit.write_text(json.dumps({
-        "job_id": job_id, "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "workdir": request.workdir, "template": request.template, "spec": request.spec,
-        "sbatch_argv": [*request.sbatch_argv, str(script_path)],
-    }, indent=2) + "\n")
+
+    def keep_script() -> None:
+        run.path.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, run.script)
+
+    kept = _recorded(keep_script, "job", job_id,
+                     doing=f"move its script into {run.path} (it stays at {staged})")
+    script_path = run.script if kept else staged
+
+    def write_run_dir() -> None:
+        run.submit.write_text(json.dumps({
+            "job_id": job_id, "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+            "workdir": request.workdir, "template": request.template, "spec": request.spec,
+            "sbatch_argv": [*request.sbatch_argv, str(script_path)],
+        }, indent=2) + "\n")
+        run.profile.write_text(json.dumps(request.profile, indent=2, sort_keys=True) + "\n")
+
+    if kept:
+        _recorded(write_run_dir, "job", job_id, f" in {run.path}")
 
     def write() -> None:
-        run.profile.write_text(json.dumps(request.profile, indent=2, sort_keys=True) + "\n")
         registry.record(request.workdir, {
             "job_id": job_id, "name": request.job.name, "run_dir": str(run.path),
             "spec": request.spec, "spec_digest": request.job.digest(),
@@ -133,15 +164,19 @@ def _submit_array(request: BatchRequest, sd, indices: list[int],
     staged = sd.staged_script()
     staged.parent.mkdir(exist_ok=True)
     job_id = sbatch(request, staged)
+    # From here on the array is Slurm's: every write warns when it fails, none hides the id.
     script = sd.script(job_id)
-    os.replace(staged, script)
+    if not _recorded(lambda: os.replace(staged, script), "job array", job_id,
+                     doing=f"move its script to {script} (it stays at {staged})"):
+        script = staged
     entry = {"array_job_id": job_id, "indices": indices, "array": request.array.spec,
              "script": str(script), "sbatch_argv": [*request.sbatch_argv, str(script)],
              "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
              **({"waits_for": waits_for} if waits_for else {})}
 
+    _recorded(lambda: sd.record_submission(entry), "job array", job_id, f" in {sd.path}")
+
     def write() -> None:
-        sd.record_submission(entry)
         registry.record(workdir, {
             "job_id": job_id, "name": request.job.name, "run_dir": str(root.path),
             "spec": request.spec, "spec_digest": request.array.digest,
@@ -150,5 +185,5 @@ def _submit_array(request: BatchRequest, sd, indices: list[int],
             "array": {"sweep": sd.definition()["name"], "sweep_dir": str(sd.path),
                       "indices": indices}})
 
-    _recorded(write, "job array", job_id)
+    _recorded(write, "job array", job_id, f" in {registry.path_in(workdir)}")
     return Submitted(job_id=job_id, run_dir=str(root.path), script_path=str(script))
