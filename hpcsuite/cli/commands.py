@@ -342,12 +342,15 @@ def doctor(spec, profile_path, as_json, no_compute):
     gpus        NVIDIA GPUs (NVML, else nvidia-smi); through NVML their health, as a
                 job's preflight.gpu judges it: ECC, pending retirement/remapping,
                 slowed clocks, other processes
-    fabric      the profile's fabric and the busbw preflight.fabric (site) asks
+    fabric      the profile's fabric and the busbw preflight.fabric (site) asks, or
+                why site cannot be used (the profile names no fabric)
     compute     one srun on a compute node: Python, numpy, torch, TensorFlow, Horovod,
                 and its GPUs' health
 
-    With SPEC, its launcher, partition and env are checked too. Exit 0 when nothing
-    failed (warnings allowed), 1 when a check failed, 2 on bad input."""
+    The slow checks (horovod, compute) run side by side; stderr says what doctor waits
+    for and when each is done. With SPEC, its launcher, partition and env are checked
+    too. Exit 0 when nothing failed (warnings allowed), 1 when a check failed, 2 on bad
+    input."""
     from ..submit.config import resolve
     from ..site.doctor import FAIL, report, run_checks
 
@@ -356,7 +359,8 @@ def doctor(spec, profile_path, as_json, no_compute):
     job = r.job if spec else None
     checks = run_checks(r.profile, launcher=job.launcher if job else None,
                         partition=job.resources.partition if job else None,
-                        env=dict(job.env) if job else None, compute=not no_compute)
+                        env=dict(job.env) if job else None, compute=not no_compute,
+                        progress=lambda text: click.echo(f"doctor: {text}", err=True))
     if as_json:
         emit_json([c.to_json() for c in checks])
     else:
