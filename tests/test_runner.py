@@ -159,3 +159,30 @@ def test_one_allreduce_job_builder_for_bench_and_studies(tmp_path):
     assert point["launcher"] == base.launcher
     assert bench["train"]["checkpoint"] == point["train"]["checkpoint"] == {
         "every_steps": 0, "every_minutes": 0, "resume": False}
+
+
+@pytest.mark.parametrize("marker, headline", [
+    # the rank's FAILED marker says what failed, whatever other `error: ` lines the log has
+    ("rank 0\nexit 2\nhpcsuite train: rank 0 on node1 failed in train.model:\n"
+     "error: unknown model 'nosuchmodel'\n", "unknown model 'nosuchmodel'"),
+    # no rank reported (the batch script's own hpcsuite command failed before any rank ran):
+    # the last `error: ` line, the one that ended the script
+    (None, "ckpt: job 7 writes checkpoints there (train.checkpoint.dir)"),
+])
+def test_an_input_error_leads_with_the_failed_marker_not_the_logs_first_error_line(
+        tmp_path, monkeypatch, marker, headline):
+    """An input error (exit 2) reads the FAILED marker as a failure does: the log's first
+    `error: ` line may be anyone's (the site's setup, a module system, srun)."""
+    run_dir = tmp_path / "job" / "9"
+    run_dir.mkdir(parents=True)
+    log = RunDir(run_dir).slurm_log("9")
+    log.write_text("error: module cuda/12.4 is not available here (ignored)\n"
+                   "srun: error: node1: task 0: Exited with exit code 2\n"
+                   + ("error: ckpt: job 7 writes checkpoints there (train.checkpoint.dir)\n"
+                      if marker is None else ""))
+    if marker is not None:
+        RunDir(run_dir).failed(0).write_text(marker)
+    monkeypatch.setattr(jobs, "query", lambda job_id: state(name="FAILED", exit_code="2:0"))
+    err = runner.wait("9", str(run_dir)).error()
+    assert type(err) is JobInputFailed and err.exit_code == 2
+    assert str(err).startswith(f"job 9 ended FAILED: {headline}\nlast lines of {log}:"), str(err)

@@ -80,10 +80,18 @@ class Outcome(Record):
             return NeverStarts(self.message)
         if self.exit_class == INPUT_ERROR:
             # The job ended on an error hpcsuite reported (bad input, a damaged file): that
-            # one line first, and exit 2 as for any input error.
-            reported = [l for l in self.tail.splitlines() if l.startswith("error: ")]
-            return JobInputFailed(f"job {self.job_id} ended {self.state.state}: "
-                                  f"{reported[0][7:] if reported else 'exit 2'}\n"
+            # one line first, and exit 2 as for any input error. What the failing rank wrote
+            # in its FAILED marker, as for a failure: the log's `error: ` lines may be anyone's
+            # (the site's setup, srun). With no marker (the batch script's own hpcsuite command
+            # failed before any rank ran) the last of them, the one that ended the script.
+            from pathlib import Path
+
+            from .status import reported_error
+
+            said = reported_error(Path(self.run_dir)) if self.run_dir else None
+            logged = [l for l in self.tail.splitlines() if l.startswith("error: ")]
+            why = said["message"] if said else logged[-1][7:] if logged else "exit 2"
+            return JobInputFailed(f"job {self.job_id} ended {self.state.state}: {why}\n"
                                   f"last lines of {self.log}:\n{self.tail}")
         if self.exit_class == FAILED:
             return JobFailed(self.failure())
