@@ -25,7 +25,8 @@ ALLOWED = {
     "runs": set(),
     # submit.config: script mode tried by hand resolves its spec as `hpcsuite submit` would
     "runtime": {"submit.spec", "submit.values", "submit.config", "runs.rundir", "runs.results", "runs.attempts",
-                "runs.stragglers", "runs.checkpoint_dir", "runs.script_ranks", "models"},
+                "runs.stragglers", "runs.checkpoint_dir", "runs.script_ranks", "runs.world_change",
+                "models"},
 }
 
 

@@ -90,7 +90,20 @@ def test_torch_stop_resume_and_shrink_to_one_rank(local_cluster, tmp_path):
     first = submit(env, tmp_path, TORCH_SPEC, "--set", "train.max_steps=9")["results"]
     assert (first["world_size"], first["final_step"]) == (2, 9)
     assert first["checkpoints"][-1]["step"] == 9 and first["checkpoint_time_s"] > 0
-    second = submit(env, tmp_path, TORCH_SPEC, "--set", "resources.nodes=1")["results"]
+    # Resumed at 1 rank, with submit --wait's text summary: the change of world is said there,
+    # in the job's log and by status, and one rank is not told its parameters agree.
+    (tmp_path / "job.yaml").write_text(TORCH_SPEC)
+    proc = run_cli("submit", "job.yaml", "--wait", "--set", "resources.nodes=1", cwd=tmp_path,
+                   env=env, timeout=800, check=True)
+    run_dir = Path(proc.stdout.split("run directory ", 1)[1].split()[0])
+    second = json.loads((run_dir / "results.json").read_text())
+    said = ("resumed from 2 to 1 ranks at step 9: global batch 48 -> 24 samples per step; "
+            "train.epochs bounds the run, so each epoch still trains every sample once, in 2x "
+            "the steps it took before")
+    assert said in proc.stdout and "parameters:" not in proc.stdout, proc.stdout
+    assert second["world_change"]["from_ranks"] == 2 and second["world_change"]["to_ranks"] == 1
+    assert said in next(run_dir.parent.glob(f"slurm-{run_dir.name}.out")).read_text()
+    assert said in run_cli("status", run_dir.name, cwd=tmp_path, env=env, check=True).stdout
     assert second["world_size"] == 1 and second["start_step"] == 9
     assert second["resumed_from"].endswith("step-00000009")
     assert second["loss"][0] < first["loss"][0]          # it continued, it did not restart

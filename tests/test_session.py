@@ -231,3 +231,33 @@ def test_a_stopped_runs_results_say_how_it_stopped(tmp_path):
     assert r.status == "preempted" and other == "preempted"
     assert (r.stop["reason"], r.stop["signal"], r.stop["steps_after_notice"]) == ("preempted", "USR1", 2)
     assert r.stop["seconds_after_signal"] is not None and r.param_checksums == []
+
+
+def test_a_restore_on_another_number_of_ranks_says_what_a_step_now_means(tmp_path, caplog):
+    """Saved by 3 ranks of 4 x 2 (global batch 24), resumed by 2 (16): rank 0 records and
+    logs the change, with what train.max_steps now trains; the same world records none."""
+    def first(rank, ranks):
+        s = session(tmp_path, ranks, grad_accumulation=2, max_steps=10)
+        s.progress.step, s.progress.cursor = 6, Cursor(0, 144)
+        return s.save("interval", lambda: ({"model": {"w": np.zeros(2)}}, {}))
+
+    on_ranks(3, first)
+
+    def resumed(size):
+        def body(rank, ranks):
+            s = session(tmp_path, ranks, grad_accumulation=2, max_steps=10)
+            s.restore(lambda loaded: None)
+            return s.world_change, s.results(s.gather(s.note(1.0, None)), s.status())
+        return on_ranks(size, body)
+
+    with caplog.at_level("WARNING", logger="hpcsuite.runtime.session"):
+        got = resumed(2)
+    change, results = got[0]
+    assert change == {"from_ranks": 3, "to_ranks": 2, "step": 6, "global_batch_before": 24,
+                      "global_batch_after": 16, "max_steps": 10}
+    assert got[1][0] is None and results.world_change == change
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["resumed from 3 to 2 ranks at step 6: global batch 24 -> 16 samples per "
+                    "step; train.max_steps 10 counts steps, so the 4 steps left train 64 "
+                    "samples, not 96"]
+    assert resumed(3)[0][0] is None

@@ -120,6 +120,7 @@ class StatusRecord(Record):
             payload["results"] = {"status": r.status, "final_step": r.final_step,
                                   "samples_per_s": r.samples_per_s, "attempt": r.attempt,
                                   "stop": r.stop, "attempts": r.attempts, "history": r.history,
+                                  "world_change": r.world_change,
                                   "energy_j": r.energy_j, "samples_per_joule": r.samples_per_joule,
                                   "gpu": gpu_verdict(r.utilisation, r.data_wait_fraction,
                                                      r.step_times_s, r.start_step)}
@@ -147,6 +148,10 @@ class StatusRecord(Record):
         if r is not None:
             out.append(f"  results: {r.status} at step {r.final_step}, "
                        f"{r.samples_per_s:.1f} samples/s, attempt {r.attempt}")
+            if r.world_change:
+                from ..runs.world_change import describe as describe_world_change
+
+                out.append(f"  {describe_world_change(r.world_change)}")
             if r.stop:
                 out.append(f"  stopped: {describe_stop(r)}")
             if len(r.attempts or []) > 1:

@@ -79,6 +79,9 @@ class Results:
     final_step: int = 0
     cursor: dict = field(default_factory=dict)
     resumed_from: str | None = None
+    # resumed on another number of ranks (runs/world_change.py): from_ranks, to_ranks, step,
+    # global_batch_before, global_batch_after; {} when the world is the one that saved
+    world_change: dict = field(default_factory=dict)
     epochs: int = 0
     batch_size_per_rank: int = 0
     grad_accumulation: int = 1
@@ -297,11 +300,14 @@ def _metrics_line(metrics: dict) -> str:
 
 
 def summarize(run_dir: str | Path) -> str:
+    from .world_change import describe as describe_world_change
+
     run_dir = Path(run_dir)
     r = Results.load(RunDir(run_dir).results)
     sums = r.param_checksums
-    same = "identical on all ranks" if sums and len(set(sums)) == 1 else \
-        ("DIFFER across ranks" if sums else "not recorded")
+    # One rank has nobody to agree with: no parameters line then.
+    same = None if r.world_size == 1 else "identical on all ranks" \
+        if sums and len(set(sums)) == 1 else ("DIFFER across ranks" if sums else "not recorded")
     resumed = f", resumed at step {r.start_step}" if r.resumed_from else ""
     median = r.step_time_s.get("median", 0.0) * 1e3
     lines = [
@@ -312,7 +318,8 @@ def summarize(run_dir: str | Path) -> str:
         f"  {describe_loss(r)}",
         *([f"  {describe_eval(r.last_eval)}"] if r.last_eval else []),
         *([f"  script metrics: {_metrics_line(r.metrics)}"] if set(r.metrics) - {"loss"} else []),
-        f"  parameters: {same}",
+        *([f"  {describe_world_change(r.world_change)}"] if r.world_change else []),
+        *([f"  parameters: {same}"] if same else []),
         *([f"  checkpoints: {len(r.checkpoints)} saved, last {r.checkpoints[-1]['path']}"]
           if r.checkpoints else []),
         *([f"  stopped: {describe_stop(r)}"] if r.stop else []),

@@ -32,6 +32,7 @@ from ..runs.attempts import SAVED, attempt_number, checkpoint_root
 from ..errors import UserError
 from ..runs.results import Results, step_stats, write_progress
 from ..runs.rundir import RunDir
+from ..runs.world_change import change as world_change_of, describe as describe_world_change
 from ..submit.spec import JobSpec
 from . import startup, vote
 from .checkpoint import CheckpointStore, Loaded
@@ -102,6 +103,7 @@ class Session:
         self.vote_handle = None                # a vote posted and not yet read
         self.vote_tick = 0                     # the tick (a step, a call) it was posted at
         self.time_limit = None                 # rank 0 stops before Slurm's time limit
+        self.world_change: dict | None = None  # rank 0: resumed on another number of ranks
         board = Chart(self.run_dir, hostname()) \
             if self.rank == 0 and self.t.monitor.tensorboard else None
         self.tracker = Tracker(job, self.run_dir, hostname()) \
@@ -135,6 +137,12 @@ class Session:
         step = int(info["step"])
         self.progress = Progress(step, Cursor.from_json(info["cursor"]), step, info["path"])
         self.policy = Policy(self.job, step, time.monotonic())
+        if loaded is not None:      # rank 0 says what a change of world size means
+            self.world_change = world_change_of(loaded.manifest, self.t.batch_size,
+                                                self.t.grad_accumulation, self.size, step,
+                                                self.t.max_steps)
+            if self.world_change:
+                log.warning("%s", describe_world_change(self.world_change))
         return loaded
 
     def _pick(self, accept: Callable[[Loaded], None]) -> tuple[dict | None, Loaded | None]:
@@ -221,7 +229,9 @@ class Session:
             return None
         tensors, fields = state()
         manifest = {"step": p.step, "epoch": p.cursor.epoch, "cursor": p.cursor.to_json(),
-                    "world_size": self.size, "spec_digest": self.job.digest(), "job_id": job_id(),
+                    "world_size": self.size, "batch_size": self.t.batch_size,
+                    "grad_accumulation": self.t.grad_accumulation,
+                    "spec_digest": self.job.digest(), "job_id": job_id(),
                     "reason": reason, **fields}
         saved = self.store.save(p.step, tensors, manifest)
         self.metrics.checkpoints.append({"step": p.step, "seconds": saved.seconds,
@@ -305,6 +315,7 @@ class Session:
             world_size=self.size, hosts=[g["host"] for g in gathered],
             steps=p.step - p.start_step, start_step=p.start_step, final_step=p.step,
             cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
+            world_change=self.world_change or {},
             batch_size_per_rank=self.t.batch_size, grad_accumulation=self.t.grad_accumulation,
             precision=self.t.precision, samples=total, elapsed_s=elapsed,
             samples_per_s=total / elapsed if elapsed else 0.0,
