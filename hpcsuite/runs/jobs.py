@@ -327,8 +327,9 @@ class NeverStarts(UserError):
 
 # Waiting asks Slurm rarely and the run directory often: Slurm every POLL_FIRST seconds at
 # first, backing off to POLL_MAX; the run directory (a stat, no load on the controller) every
-# second, and a change there (results written, a rank failed) asks Slurm again at once.
-POLL_FIRST, POLL_MAX, POLL_GROWTH = 1.0, 15.0, 1.5
+# second, and a change there (results written, a rank failed) asks Slurm again at once and
+# every POLL_FIRST seconds for ENDING_S after (the job is ending: its end is said at once).
+POLL_FIRST, POLL_MAX, POLL_GROWTH, ENDING_S = 1.0, 15.0, 1.5, 60.0
 
 
 def _run_dir_mark(run_dir: Path | None) -> tuple:
@@ -348,7 +349,7 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
     deadline = None if timeout is None else time.monotonic() + timeout
     directory = Path(run_dir) if run_dir else None
     last, interval = None, POLL_FIRST
-    reason, reason_since = None, time.monotonic()
+    reason, reason_since, ending_until = None, time.monotonic(), float("-inf")
     while True:
         state = query(job_id)
         if state.state != last and on_change:
@@ -367,13 +368,15 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
         if deadline is not None and time.monotonic() > deadline:
             raise UserError(f"job {job_id} still {state.state} after {timeout:g}s")
         mark, until = _run_dir_mark(directory), time.monotonic() + interval
-        interval = min(POLL_MAX, interval * POLL_GROWTH)
+        interval = POLL_FIRST if time.monotonic() < ending_until else \
+            min(POLL_MAX, interval * POLL_GROWTH)
         while time.monotonic() < until:
             time.sleep(min(1.0, max(0.0, until - time.monotonic())))
             if on_tick:
                 on_tick()
             if _run_dir_mark(directory) != mark:
                 interval = POLL_FIRST      # the job is ending: follow it closely
+                ending_until = time.monotonic() + ENDING_S
                 break
 
 
