@@ -74,7 +74,7 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
         raise LintFailed(spec, errors, warnings)
     notes: list[str] = []
     try:
-        job = r.job
+        job = anchored(r.job, cwd or Path.cwd())
         if job.after or after:
             job, notes = with_dependencies(job, after, spec, cwd or Path.cwd(), against_slurm)
         path = SearchPath.default(template_dir, cwd, site_only="template" in r.locks)
@@ -82,10 +82,28 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
     except UserError as e:
         e.warnings = warnings
         raise
+    # Absolute: sbatch runs there, so a path under it given relative to here (the staged
+    # script's) would be taken from inside it a second time.
     request = dataclasses.replace(request, spec=str(Path(spec).resolve()),
-                                  **({"workdir": str(cwd)} if cwd is not None else {}))
+                                  **({"workdir": str(Path(cwd).absolute())} if cwd is not None
+                                     else {}))
     return Prepared(request=request, warnings=warnings, notes=notes,
                     site_profile=any(layer.name == "site" for layer in r.layers))
+
+
+def anchored(job, workdir: Path):
+    """``job`` with a relative train.checkpoint.dir made absolute against ``workdir``, the
+    submit directory: job.json then names one directory for the ranks (whose working
+    directory that is) and for every later reader on the login node (``status`` from any
+    directory, ``attempt end``), which would otherwise each resolve it against their own.
+    A directory the job neither writes nor resumes from stays as written (a study point's,
+    whose bundle must not name where it was made)."""
+    ck = job.train.checkpoint
+    if not ck.dir or Path(ck.dir).is_absolute() or not (ck.enabled or ck.resume):
+        return job
+    where = str(Path(workdir).absolute() / ck.dir)
+    return dataclasses.replace(job, train=dataclasses.replace(
+        job.train, checkpoint=dataclasses.replace(ck, dir=where)))
 
 
 def with_dependencies(job, extra: tuple[str, ...], spec: str, workdir: Path, ask_slurm: bool):

@@ -39,8 +39,8 @@ LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE
 
 
 def checkpoint_root(job, run_dir: Path) -> Path:
-    """Where ``job``'s checkpoints live: train.checkpoint.dir (relative to the submit
-    directory, the ranks' working directory), else beside the job's run directories."""
+    """Where ``job``'s checkpoints live: train.checkpoint.dir (job.json's is absolute: runner's
+    prepare.anchored), else beside the job's run directories."""
     if job.train.checkpoint.dir:
         return Path(job.train.checkpoint.dir).absolute()
     return RunDir(run_dir).default_checkpoints

@@ -193,7 +193,9 @@ class StudyDir:
     """A study's directory: its bundle, points and state."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
+        # Absolute: the points are submitted from inside it (inputs/, where sbatch runs), and
+        # a path given relative to here would be taken from there a second time.
+        self.path = Path(path).absolute()
 
     @property
     def study_file(self) -> Path:
