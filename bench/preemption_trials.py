@@ -13,14 +13,19 @@ The moments cycle through
   startup       as soon as the requeued attempt's batch script starts, before any rank exists
                 (the batch shell holds the signal until every rank can take it)
   after-resume  as soon as the ranks report the resume, in its first steps
-and the requeued job is started as soon as both nodes are idle again (Slurm otherwise holds a
+With --unsaved N, N more jobs ask Slurm for the warning signal with nothing to save (no
+checkpoint keys) and get it once, at random in training or at startup (as soon as the batch
+script runs, before any rank exists): such a trial is clean when the job is not killed by the
+signal (COMPLETED), the attempt is recorded as `stopped` at the step results.json ends at, with
+no checkpoint, and neither results.json nor `status` claims a save.
+The requeued job is started as soon as both nodes are idle again (Slurm otherwise holds a
 requeued job for about two minutes). A trial is clean when the job completes, every sample of
 every epoch was trained exactly once across all attempts (the committed ledger,
 hpcsuite.runs.ledger), the final parameters are identical on all ranks, and the attempt records
 show the P preemptions and one completion.
 
     .venv/bin/python bench/preemption_trials.py [-n 10] [-p 3] [--routes signal,requeue]
-        [--backend torch] [--budget SECONDS]
+        [--backend torch] [--unsaved N] [--budget SECONDS]
 
 Uses the running local cluster (`hpcsuite cluster up`, SLURM_CONF), or starts a private one
 with --private. Prints one line per trial, the preemptions and clean trials of each route, and
@@ -242,6 +247,72 @@ def trial(env: dict, cluster, work: Path, preemptions: int, seed: int, backend: 
             "routes": used, "seconds": time.monotonic() - t0}
 
 
+UNSAVED_SPEC = """name: trial
+resources: {{nodes: 2, tasks_per_node: 1, time: "00:20:00"}}
+train:
+  backend: {backend}
+  model: mlp
+  data: {{samples: {samples}, shape: [1024], classes: 10}}
+  batch_size: 32
+  epochs: 24
+  preemption: {{signal: USR1, lead_seconds: 60}}
+  seed: {seed}
+"""
+
+
+def unsaved_trial(env: dict, cluster, work: Path, seed: int, backend: str = "torch",
+                  samples: int = 8000) -> dict:
+    """One job with nothing to save, given the warning signal once; {clean, problems, ...}."""
+    from hpcsuite.runs import attempts
+    from hpcsuite.runs.results import Results
+
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / "trial.yaml"
+    spec.write_text(UNSAVED_SPEC.format(backend=backend, samples=samples, seed=seed))
+    out = cli(env, work, "submit", str(spec))
+    if out.returncode != 0:
+        return {"clean": False, "problems": [f"submit: {out.stderr.strip()}"], "moments": []}
+    job_id = out.stdout.strip()
+    log = work / "runs" / "trial" / f"slurm-{job_id}.out"
+    moment = ("random", "startup")[seed % 2]
+    if moment == "startup":
+        hit = wait_until(lambda: log.is_file(), 300, env, cluster, job_id, work, poll=0.005)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, capture_output=True)
+        what = "startup (before the ranks)"
+    else:
+        what = preempt_once(env, cluster, work, job_id, 0, "random", rng)
+        hit = "never" not in what
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        state = state_of(env, work, job_id)
+        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            break
+        time.sleep(1)
+    problems = [] if hit else [f"{moment}: never reached"]
+    run_dir = work / "runs" / "trial" / job_id
+    try:
+        if state["state"] != "COMPLETED":
+            problems.append(f"job ended {state['state']} (exit {state.get('exit_code')})")
+        records = attempts.read_records(run_dir)
+        results = Results.load(run_dir / "results.json")
+        if [r["outcome"] for r in records] != ["stopped"]:
+            problems.append(f"attempt records: {[r['outcome'] for r in records]}")
+        elif records[0].get("step") != results.final_step or records[0].get("checkpoint_step") is not None:
+            problems.append(f"attempt record {records[0]} against results at step {results.final_step}")
+        if results.status != "stopped" or results.checkpoints or results.stop.get("saved") is not False:
+            problems.append(f"results: status {results.status}, checkpoints {results.checkpoints}, "
+                            f"stop {results.stop}")
+        text = cli(env, work, "status", job_id).stdout
+        if "checkpoint saved" in text.replace("no checkpoint saved", ""):
+            problems.append("status claims a checkpoint")
+    except Exception as e:  # noqa: BLE001 - a damaged record is a finding, not a crash
+        problems.append(f"{type(e).__name__}: {e}")
+    return {"job_id": job_id, "clean": not problems, "problems": problems, "moments": [what],
+            "routes": ["unsaved"], "seconds": time.monotonic() - t0}
+
+
 def _records(work: Path, job_id: str) -> list[dict]:
     from hpcsuite.runs import attempts
     from hpcsuite.errors import UserError
@@ -259,6 +330,8 @@ def main(argv=None) -> int:
     ap.add_argument("--routes", default=",".join(ROUTES),
                     help=f"preemption routes to cycle through, comma-separated ({', '.join(ROUTES)})")
     ap.add_argument("--backend", choices=("torch", "tensorflow"), default="torch")
+    ap.add_argument("--unsaved", type=int, default=0, metavar="N",
+                    help="then N jobs with nothing to save, each given the warning signal once")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--private", action="store_true", help="start a private cluster")
     ap.add_argument("--port", type=int, default=17117)
@@ -270,15 +343,20 @@ def main(argv=None) -> int:
         ap.error(f"--routes: choose from {', '.join(ROUTES)} (got {args.routes!r})")
     budget = Budget.from_args(args)
     by_route = {r: [0, 0, 0] for r in routes}    # preemptions, trials with it, clean ones
+    if args.unsaved:
+        by_route["unsaved"] = [0, 0, 0]
     base = Path(tempfile.mkdtemp(prefix="hpcsuite-trials-"))
     clean = done = 0
     with budget.watch(), cluster_env(args.port, args.private) as (env, cluster):
         try:
-            for i in budget.each(range(args.trials)):
-                r = trial(env, cluster, base / f"t{i}", args.preemptions, args.seed + i, args.backend,
-                          routes=routes)
+            for i in budget.each(range(args.trials + args.unsaved)):
+                if i < args.trials:
+                    r = trial(env, cluster, base / f"t{i}", args.preemptions, args.seed + i,
+                              args.backend, routes=routes)
+                else:
+                    r = unsaved_trial(env, cluster, base / f"t{i}", args.seed + i, args.backend)
                 clean += r["clean"]
-                for route in routes:
+                for route in by_route:
                     n = r.get("routes", []).count(route)
                     by_route[route][0] += n
                     by_route[route][1] += n > 0
@@ -293,7 +371,7 @@ def main(argv=None) -> int:
                 cancel_jobs_under(env, base)
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
-    budget.report(done, args.trials, "trials")
+    budget.report(done, args.trials + args.unsaved, "trials")
     for route, (n, trials_with, clean_with) in by_route.items():
         print(f"route {route}: {n} preemptions in {trials_with} trials, {clean_with} of them clean")
     print(f"{clean} of {done} clean ({args.preemptions} preemptions each, "

@@ -262,3 +262,42 @@ def test_a_cancel_before_any_save_is_not_undone_by_a_requeue(tmp_path, calls, mo
     # the same failure with no signal from Slurm is still retried within the budget
     code, lines = end(run, j, 1, 1, monkeypatch)
     assert "requeueing job 42" in lines[-1]
+
+
+def test_a_stop_without_a_checkpoint_is_recorded_as_stopped_never_as_saved(tmp_path, calls,
+                                                                           monkeypatch):
+    seen, _ = calls
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    j = spec_from_dict({"name": "a", "train": {"preemption": {"lead_seconds": 60}}}, "t")
+    from hpcsuite.runs.rundir import RunDir
+
+    RunDir(run).stop_requested(0).parent.mkdir(parents=True, exist_ok=True)
+    RunDir(run).stop_requested(0).write_text("USR1\n")
+    code, lines = end(run, j, 0, 0, monkeypatch, marker="1312 unsaved\n")
+    assert code == 0
+    assert lines == ["hpcsuite: attempt 0 stopped on SIGUSR1 at step 1312 without saving a "
+                     "checkpoint; no checkpoint exists (train.checkpoint is off): its training "
+                     "is lost"]
+    [record] = attempts.read_records(run)
+    assert (record["outcome"], record["step"], record["signal"], record["checkpoint_step"],
+            record["requeued"]) == ("stopped", 1312, "USR1", None, False)
+    assert not any(argv[:2] == ["scontrol", "requeue"] for argv in seen)
+    c = attempts.counts(attempts.read_records(run))
+    assert (c.preempted, c.failed) == (0, 0)
+
+
+def test_a_signal_a_script_ran_through_is_said(tmp_path, calls, monkeypatch):
+    run = tmp_path / "runs" / "a" / "42"
+    run.mkdir(parents=True)
+    from hpcsuite.runs.rundir import RunDir
+
+    RunDir(run).stop_requested(0).parent.mkdir(parents=True, exist_ok=True)
+    RunDir(run).stop_requested(0).write_text("USR1\n")
+    j = spec_from_dict({"name": "a", "train": {"script": "t.py",
+                                               "preemption": {"lead_seconds": 60}}}, "t")
+    code, lines = end(run, j, 0, 0, monkeypatch)
+    assert code == 0 and "got SIGUSR1 and ran on to its end" in lines[0]
+    assert "run.should_stop()" in lines[0]
+    [record] = attempts.read_records(run)
+    assert (record["outcome"], record["signal"]) == ("completed", "USR1")

@@ -167,3 +167,25 @@ def test_an_sbatch_that_times_out_says_the_job_may_exist_and_keeps_nothing(tmp_p
     with pytest.raises(UserError, match="may have been submitted all the same: check squeue"):
         sbatch(request, staged)
     assert not staged.exists()
+
+
+@pytest.mark.parametrize("train", [
+    {"preemption": {"signal": "USR1", "lead_seconds": 60}},                     # nothing to save
+    {"script": "train.py", "preemption": {"signal": "USR2", "lead_seconds": 60}},
+    {"checkpoint": {"every_steps": 10}},                                        # the default lead
+])
+def test_a_rendered_warning_signal_is_always_trapped(train):
+    """Slurm's --signal=B:SIG kills an untrapped batch shell, and the job with it, unrecorded:
+    whenever the header asks for one, the script traps it."""
+    job = spec_from_dict({"name": "sig", "train": train}, "test")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    signal = job.train.preemption.signal
+    assert f"#SBATCH --signal=B:{signal}@" in script
+    assert f"trap 'stop_requested {signal}' {signal}" in script
+    assert "trap 'stop_requested TERM' TERM" in script
+
+
+def test_no_warning_signal_no_trap():
+    job = spec_from_dict({"name": "plain"}, "test")
+    script = plan(job, SiteProfile(python="python3"), SearchPath.builtin_only()).script
+    assert "--signal" not in script and "trap " not in script

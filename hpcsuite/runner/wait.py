@@ -98,6 +98,12 @@ class Outcome(Record):
         if self.exit_class == STOPPED:
             r = self.results
             why = "before its time limit" if r.status == "time_limit" else "early"
+            from ..runs.attempts import UNSAVED
+
+            if r.status == UNSAVED:
+                from ..runs.results import describe_stop
+
+                return JobPreempted(f"job {self.job_id} stopped {describe_stop(r)}")
             return JobPreempted(f"job {self.job_id} stopped {why} after saving a checkpoint at "
                                 f"step {r.final_step}; submit the same spec again to resume")
         return None
@@ -109,7 +115,7 @@ def wait(job_id: str, run_dir: str, timeout: float | None = None,
     every second after (state and the run directory's latest progress: the live line).
     Giving up after ``timeout`` seconds is a UserError; the job goes on."""
     from ..runs import jobs
-    from ..runs.attempts import SAVED
+    from ..runs.attempts import SAVED, UNSAVED
     from ..runs.results import Results
 
     current = {"state": None}
@@ -136,6 +142,6 @@ def wait(job_id: str, run_dir: str, timeout: float | None = None,
         failed = INPUT_ERROR if (state.exit_code or "").startswith("2:") else FAILED
         return Outcome(job_id=job_id, run_dir=run_dir, exit_class=failed, state=state,
                        results=results, log=str(log), tail=jobs.tail(log))
-    stopped = results is not None and results.status in SAVED
+    stopped = results is not None and results.status in (*SAVED, UNSAVED)
     return Outcome(job_id=job_id, run_dir=run_dir, exit_class=STOPPED if stopped else COMPLETED,
                    state=state, results=results, log=str(log))

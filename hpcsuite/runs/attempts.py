@@ -7,7 +7,8 @@ launches the ranks and ``hpcsuite attempt end`` after, and this module keeps the
 - ``attempts.jsonl`` in the run directory, one line per attempt: ``completed``, ``preempted``
   (a signal; Slurm's preemption, ``scancel --signal``, or Slurm's own requeue, whose
   SIGTERM makes mpirun exit 1 while the ranks save), ``time_limit`` (stopped before the
-  walltime with a checkpoint), ``failed`` (the ranks failed), ``lost`` (the attempt left no
+  walltime with a checkpoint), ``stopped`` (stopped on a signal or before the time limit with
+  no checkpoint at its step), ``failed`` (the ranks failed), ``lost`` (the attempt left no
   record: a node failure, a kill; Slurm's accounting says which where it has it);
 - the restart budget: preemptions and time limits requeue without limit (they saved their
   work), failures and lost attempts at most ``train.preemption.max_failures`` times, and a
@@ -34,6 +35,10 @@ from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: 
 
 SAVED = ("preempted", "time_limit")    # outcomes (and results.json statuses) that saved their work
 FAILURES = ("failed", "lost")          # outcomes that count against max_failures
+# A stop (the warning signal, a preemption, the time limit) with no checkpoint at the step the
+# ranks stopped at: no checkpoint keys, or a script that did not save on run.should_stop().
+# Recorded as what it is, never as a save.
+UNSAVED = "stopped"
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
         "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
@@ -180,7 +185,7 @@ def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, 
     """How attempt ``n`` ended, from the launcher's ``status`` and rank 0's marker: (outcome,
     the step its work is saved at, the stop signal the batch shell got when the launcher
     failed)."""
-    marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit)
+    marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit, unsaved)
     stop = stop_signal(run_dir, n) if status != 0 else None
     if stop:
         # The batch shell got a stop signal and the launcher failed: when Slurm ends a job
@@ -193,6 +198,8 @@ def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, 
         step = int(words[0]) if words and words[0].isdigit() else None
         reason = words[1] if len(words) > 1 else "signal"
         return ("time_limit" if reason == "time_limit" else "preempted"), step, stop
+        if reason == "unsaved":
+            return UNSAVED, step, stop
     if stop and stop != job.train.preemption.signal:
         # Slurm's own TERM (a requeue, a preemption without the warning signal, a cancel) and
         # no marker: Slurm killed the ranks before rank 0 had saved (mpirun took the TERM too
@@ -222,7 +229,14 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     slurm_ended = stop is not None and stop != pre.signal
     records = read_records(run_dir)
     failures = counts(records).failed + (outcome == "failed")
-    requeue, why = False, None
+    requeue, why, extra = False, None, {}
+    if outcome == "completed" and (late := stop_signal(run_dir, n)):
+        # The signal came and the ranks ran on to the end: a script that never asks
+        # run.should_stop(), or a signal in the last step. Said, never silent.
+        extra["signal"] = late
+        out(f"hpcsuite: attempt {n} got SIG{late} and ran on to its end without stopping"
+            + (" (the script does not call run.should_stop() of hpcsuite.api, so it cannot "
+               "stop on it)" if job.train.script else ""))
     if outcome in SAVED:
         what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
         if slurm_ended:
@@ -233,6 +247,16 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
             out(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step {step}; not "
                 "requeued (train.preemption.requeue is off): submit the same spec again to resume")
     elif outcome == "failed":
+    elif outcome == UNSAVED:
+        newest = newest_checkpoint(checkpoint_root(job, run_dir)) \
+            if job.train.checkpoint.enabled else None
+        saved_at = newest[1].get("step") if newest else None
+        signal = stop or stop_signal(run_dir, n)
+        extra.update(checkpoint_step=saved_at, **({"signal": signal} if signal else {}))
+        out(_unsaved_line(n, signal, step, saved_at, bool(job.train.script)))
+        if pre.requeue and saved_at is not None and not slurm_ended:
+            requeue, why = True, (f"attempt {n} stopped at step {step}; it resumes from the "
+                                  f"checkpoint at step {saved_at}")
         if slurm_ended:     # a cancel that came before any save must stay cancelled
             out(f"hpcsuite: attempt {n} ended on SIG{stop} from Slurm before saving; not requeued by hpcsuite: Slurm decides")
         elif status == 2:
@@ -246,7 +270,8 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
                 f"attempts, more than train.preemption.max_failures ({pre.max_failures})")
     entry = {"attempt": n, "outcome": outcome, "exit": status, "step": step,
              "host": socket.gethostname(), "requeued": requeue,
-             **({"signal": stop} if stop and outcome in SAVED else {})}
+             **({"signal": stop} if stop and (outcome in SAVED or outcome == UNSAVED) else {}),
+             **extra}
     _append(run_dir, entry)
     if requeue:
         marker.unlink(missing_ok=True)
@@ -275,6 +300,20 @@ def _slurm_stop_line(n: int, what: str, stop: str, step: int | None, saved: bool
 
 
 STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
+
+def _unsaved_line(n: int, signal: str | None, step: int | None, saved_at: int | None,
+                  script: bool) -> str:
+    """What ``attempt end`` says of a stop with no checkpoint at its step."""
+    at = (f" on SIG{signal}" if signal else " before the time limit") + \
+        (f" at step {step}" if step is not None else "")
+    if saved_at is not None:
+        lost = f"its work since the checkpoint at step {saved_at} is lost"
+    elif script:
+        lost = "no checkpoint exists (the script saved none through run.save())"
+    else:
+        lost = "no checkpoint exists (train.checkpoint is off): its training is lost"
+    return f"hpcsuite: attempt {n} stopped{at} without saving a checkpoint; {lost}"
+
 
 
 def _job_status(run_dir: Path, n: int, status: int) -> int:

@@ -340,7 +340,20 @@ def describe_stop(r: "Results") -> str:
         how = f", {s['seconds_after_signal']:.2f} s after the signal"
     if s.get("steps_after_notice") is not None:
         how += f", {s['steps_after_notice']} step(s) after the ranks were told"
-    return f"{why} at step {r.final_step}, checkpoint saved{how}"
+    return f"{why} at step {r.final_step}, {_saved_words(r)}{how}"
+
+
+def _saved_words(r: "Results") -> str:
+    """Whether the stop left a checkpoint: said only of one that was committed."""
+    s = r.stop
+    saved = s["saved"] if "saved" in s else \
+        any(c.get("step") == r.final_step for c in r.checkpoints)
+    if saved:
+        return "checkpoint saved"
+    if s.get("checkpoint_step") is not None:
+        return (f"no checkpoint saved at the stop (the work since the checkpoint at step "
+                f"{s['checkpoint_step']} is lost)")
+    return "no checkpoint saved (none exists: the training is lost)"
 
 
 def describe_attempts(attempts: list[dict]) -> str:

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from ..errors import UserError
-from ..runs.attempts import SAVED, attempt_number
+from ..runs.attempts import SAVED, UNSAVED, attempt_number
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec, spec_from_dict
 
@@ -42,11 +42,14 @@ def job_id() -> str | None:
 
 
 def write_stop_marker(run_dir: Path, status: str, step: int) -> None:
-    """PREEMPTED ("STEP REASON") when the run stopped with a checkpoint, for the batch
-    script's `hpcsuite attempt end`; removed otherwise."""
+    """PREEMPTED ("STEP REASON") when the run stopped, for the batch script's `hpcsuite
+    attempt end`: REASON is signal or time_limit with a checkpoint at STEP, unsaved without
+    one; removed otherwise."""
     marker = RunDir(run_dir).preempted
     if status in SAVED:
         marker.write_text(f"{step} {'time_limit' if status == 'time_limit' else 'signal'}\n")
+    elif status == UNSAVED:
+        marker.write_text(f"{step} unsaved\n")
     else:
         marker.unlink(missing_ok=True)
 

@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..runs.attempts import SAVED, attempt_number, checkpoint_root
+from ..runs.attempts import SAVED, UNSAVED, attempt_number, checkpoint_root
 from ..errors import UserError
 from ..runs.results import Results, step_stats, write_progress
 from ..runs.rundir import RunDir
@@ -295,8 +295,23 @@ class Session:
         """Every rank's note, by rank (collective)."""
         return self.ranks.allgather_object(note)
 
+    def last_checkpoint_step(self) -> int | None:
+        """The step of the job's newest committed checkpoint (this attempt's or an earlier
+        one's), None when there is none: read on rank 0, which writes the results."""
+        if self.saved_step is not None:
+            return self.saved_step
+        from ..runs.checkpoint_dir import newest_checkpoint
+
+        newest = newest_checkpoint(self.store.root)
+        return newest[1].get("step") if newest else None
+
     def status(self) -> str:
-        return self.stop_reason if self.stopped else "completed"
+        """completed; preempted or time_limit when the ranks stopped and saved a checkpoint at
+        that step; stopped (:data:`~hpcsuite.runs.attempts.UNSAVED`) when they stopped without
+        one (no checkpoint keys, or a script that did not save): never called a save."""
+        if not self.stopped:
+            return "completed"
+        return self.stop_reason if self.saved_step == self.progress.step else UNSAVED
 
     def write_rank_record(self, record: dict) -> None:
         from ..runs.results import write_json_atomic
@@ -311,7 +326,8 @@ class Session:
         total = sum(g["samples"] for g in gathered)
         return Results(
             job=self.job.name, status=status, backend=self.t.backend,
-            stop=stop_record(status, gathered, p.step, self.time_limit) if status in SAVED else {},
+            stop=stop_record(self.stop_reason, gathered, p.step, self.time_limit,
+                             self.last_checkpoint_step()) if status in (*SAVED, UNSAVED) else {},
             world_size=self.size, hosts=[g["host"] for g in gathered],
             steps=p.step - p.start_step, start_step=p.start_step, final_step=p.step,
             cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
@@ -327,8 +343,11 @@ class Session:
             spec_digest=self.job.digest(), **fields)
 
 
-def stop_record(reason: str, gathered: list[dict], step: int, time_limit) -> dict:
-    """How a stop went, for results.json: from the ranks' notes at the report."""
+def stop_record(reason: str, gathered: list[dict], step: int, time_limit,
+                saved_step: int | None) -> dict:
+    """How a stop went, for results.json: from the ranks' notes at the report, and the step
+    of the newest committed checkpoint (None: there is none), which is ``step`` when the stop
+    saved one."""
     signals = [g["signal"] for g in gathered if g.get("signal")]
     after = [g["after_signal"] for g in gathered if g.get("after_signal") is not None]
     noticed = [g["noticed"] for g in gathered if g.get("noticed") is not None]
@@ -336,7 +355,7 @@ def stop_record(reason: str, gathered: list[dict], step: int, time_limit) -> dic
     return {"reason": reason, "signal": signals[0] if signals else None,
             "seconds_after_signal": max(after) if after else None,
             "steps_after_notice": step - min(noticed) if noticed else None,
-            "seconds_left": left}
+            "seconds_left": left, "saved": saved_step == step, "checkpoint_step": saved_step}
 
 
 def checksum(params: dict) -> str:

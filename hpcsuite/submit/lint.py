@@ -127,6 +127,13 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                            "0 turns off the warning signal and the ranks' own stop before the "
                            "time limit: a job that reaches it loses everything since its last "
                            "checkpoint; leave it unset (the default) or give the seconds"))
+    if pre.lead_seconds and not ck.enabled:
+        out.append(Finding("warning", "train.preemption.lead_seconds",
+                           f"a warning signal ({pre.signal}, {pre.lead_seconds}s before the time "
+                           "limit) with nothing to save: the ranks stop on it and "
+                           + ("only what the script saves through run.save() survives"
+                              if job.train.script else "their training is lost")
+                           + "; set train.checkpoint.every_steps or every_minutes"))
     if pre.max_failures and not ck.enabled:
         out.append(Finding("warning", "train.preemption.max_failures",
                            "without checkpoints a requeued attempt starts training from scratch"))

@@ -267,6 +267,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
     run_root = rundir.run_root(job.output_dir, job.name)
     template_file = path.which(job.template)
     partition = profile.partitions.get(job.resources.partition or "")
+    signal_lead = job.train.preemption.signal_lead(job.train.checkpoint.enabled)
     context = {
         "job": job,
         "site": profile,
@@ -289,9 +290,11 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "launch": launch,
         "preflight": launch_line(job, profile, checks, environment)[0] if checks else None,
         "preemption": job.train.preemption,
-        "signal_lead": job.train.preemption.signal_lead(job.train.checkpoint.enabled),
-        # Catch signals in the batch shell whenever a checkpoint could be saved on them.
-        "forward_signals": job.train.checkpoint.enabled,
+        "signal_lead": signal_lead,
+        # Catch signals in the batch shell whenever a checkpoint could be saved on them, and
+        # whenever Slurm is asked for a warning signal: untrapped, it kills the batch shell
+        # (and so the job) unrecorded; trapped, the ranks stop and the attempt says so.
+        "forward_signals": job.train.checkpoint.enabled or signal_lead > 0,
         "python": profile.interpreter(),
         "world_size": job.resources.nodes * job.resources.tasks_per_node,
     }
