@@ -25,6 +25,11 @@ stop and resume, framework-neutral (it only needs the ``horovod.torch`` or
             run.save(api.torch_state(model, optimizer))
     run.finish(params=api.torch_state(model)["model"])   # results.json; preempted runs requeue
 
+The slow rank: ``optimizer = run.time_allreduce(hvd.DistributedOptimizer(...))`` times the
+gradients' allreduce (``with run.waiting(): ...`` times a script's own), so each rank's own work
+per step rides ``should_stop``'s vote and rank 0 names a rank the others wait for, by the
+managed loop's rule (status, report, results.json ``rank_balance``).
+
 Keras 3: ``api.keras_state(model, optimizer)`` and ``api.load_keras_state(model, optimizer,
 restored.state)`` (the optimizer's variables: iterations, moments, its learning rate).
 

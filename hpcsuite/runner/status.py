@@ -122,6 +122,7 @@ class StatusRecord(Record):
                                   "stop": r.stop, "attempts": r.attempts, "history": r.history,
                                   "world_change": r.world_change,
                                   "energy_j": r.energy_j, "samples_per_joule": r.samples_per_joule,
+                                  "slow_rank": (r.rank_balance or {}).get("slow_rank"),
                                   "gpu": gpu_verdict(r.utilisation, r.data_wait_fraction,
                                                      r.step_times_s, r.start_step)}
         c = attempts.counts(self.records)

@@ -32,7 +32,7 @@ from .session import Collectives, Progress, Session
 from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
 from ..runs.stragglers import Balance
-from .tensorboard import utilisation_values
+from .tensorboard import own_time_values, utilisation_values
 
 if TYPE_CHECKING:
     from ..runs.results import Results
@@ -291,8 +291,7 @@ class Trainer:
             if s.chart_due():
                 s.chart_training(step, loss=loss, learning_rate=lr)
                 self.chart_utilisation()
-                s.chart_point(step, {f"ranks/own_ms/rank_{r}": 1e3 * t
-                                     for r, t in enumerate(result.own) if t is not None})
+                s.chart_point(step, own_time_values(result.own))
             if self.backend.rank == 0 and policy.log_due(time.monotonic()):
                 log.info("step %d, epoch %d, loss %.4f, lr %.4g", step, epoch, loss, lr)
         if stop is None and s.vote_due(p.step):

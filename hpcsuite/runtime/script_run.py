@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -19,14 +20,16 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UserError
+from ..runs.stragglers import Balance
 from ..submit.spec import JobSpec
 from . import startup
 from .collectives import HorovodObjects
-from .job_io import publish
+from .job_io import hostname, publish
 from .policy import VOTE_SECONDS
 from .script_job import find_job, refuse_ranks_without_horovod
 from .session import Session, checksum
 from .sharding import Cursor, Sharder
+from .tensorboard import own_time_values
 
 log = logging.getLogger("hpcsuite.api")   # the name users' log lines have always shown
 
@@ -77,6 +80,16 @@ class Run:
         self._n: int | None = None
         self._finished = False
         self._timeline = None          # train.monitor.timeline_steps: made at the first log()
+        # The slow rank (runs/stragglers.py), as in the managed loop: each rank's own time per
+        # step is the script's time from one should_stop() to the next (hpcsuite's vote and
+        # bookkeeping left out) less its wait in the allreduce, which the script lets hpcsuite
+        # time (time_allreduce, waiting); without that wait nothing is sent, nobody is named.
+        self._waits = _Waits()
+        self.balance = Balance(self._waits, self.rank)
+        self._steps: list[float] = []    # the script's own time per step, waits included
+        self._returned: float | None = None   # when should_stop() last returned
+        self.balance.start(self.session.gather(hostname()))
+        self.sampler = _sampler(self)    # train.monitor: utilisation, the Prometheus textfile
         _ACTIVE = self
 
     # The session's state, by the names scripts and tests know.
@@ -169,13 +182,15 @@ class Run:
         else:
             self._shown = dict(metrics)
 
-    def _show(self, step: int, epoch: int, metrics: dict) -> None:
-        """Rank 0's progress.json, TensorBoard point and log line, each when due."""
+    def _show(self, step: int, epoch: int, metrics: dict, own: tuple = ()) -> None:
+        """Rank 0's progress.json, TensorBoard point and log line, each when due; ``own``: every
+        rank's own time per step at the vote, charted with the point."""
         s = self.session
         if s.progress_due():
             self._write_progress(metrics, step, epoch)
         if s.chart_due():              # rank 0, train.monitor.tensorboard, a few times a second
             s.chart_training(step, **metrics)
+            s.chart_point(step, own_time_values(own))
         if self.rank == 0 and s.policy.log_due(time.monotonic()):
             shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             log.info("step %d, epoch %d%s", step, epoch, f", {shown}" if shown else "")
@@ -190,7 +205,7 @@ class Run:
     def _write_progress(self, metrics: dict, step: int, epoch: int) -> None:
         self.session.write_progress(
             step, epoch, loss=float(metrics["loss"]) if "loss" in metrics else None,
-            metrics={k: float(v) for k, v in metrics.items()})
+            metrics={k: float(v) for k, v in metrics.items()}, slow_rank=self.balance.found)
 
     # ---------------------------------------------------------------- stopping and saving
     def should_stop(self) -> bool:
@@ -198,19 +213,31 @@ class Run:
         (collective: call it once per optimizer step on every rank). The ranks vote about
         every ``vote_seconds`` (at least every step when steps are slower than that), so a
         stop takes effect within one interval."""
-        s = self.session
         self._calls += 1
         now = time.perf_counter()
         self._call_times.append(now - self._last_call)
         self._last_call = now
+        if self._returned is not None:      # the script's step since the previous call
+            self._steps.append(now - self._returned)
+        try:
+            return self._vote()
+        finally:
+            self._returned = time.perf_counter()
+
+    def _vote(self) -> bool:
+        s = self.session
         if s.stopped:
             return True
         tick = s.progress.start_step + self._calls   # the first call votes
         if not s.vote_due(tick):
             return False
+        own, wait = self.balance.at_vote(self._steps)
         s.post_vote(tick, self._call_times[1:] or self._call_times, 0, self.vote_seconds,
-                    self._loss_sum())
+                    self._loss_sum(), own, wait)
         result = s.read_vote()
+        self.balance.read(result.own, result.wait)
+        if self.sampler is not None:
+            self.sampler.balance = (own, wait, self.balance.found)
         self._save_agreed = result.save
         if self._shown is not None and s.metrics.real:
             shown = dict(self._shown)
@@ -218,9 +245,47 @@ class Run:
                 shown["loss"] = result.loss_sum / s.metrics.real[-1]
             elif "loss" in shown:
                 del shown["loss"]
-            self._show(self.step, self.epoch, shown)
+            self._show(self.step, self.epoch, shown, result.own)
             self._shown = None
         return s.stopped
+
+    # ---------------------------------------------------------------- the slow rank
+    def time_allreduce(self, optimizer):
+        """Time the gradients' allreduce of ``optimizer``, a ``horovod.torch``
+        DistributedOptimizer, and return it: its ``synchronize()`` (which ``step()`` calls) is
+        this rank's wait for the others, the rest of its time between two should_stop() calls
+        its own work, and rank 0 names a rank the others wait for, by the managed loop's rule
+        (:mod:`hpcsuite.runs.stragglers`). On a GPU the queued backward is waited for first,
+        so the wait starts when this rank's own work is done."""
+        sync = getattr(optimizer, "synchronize", None)
+        if not callable(sync):
+            raise UserError(f"run.time_allreduce: {type(optimizer).__name__} has no "
+                            "synchronize(): give it hvd.DistributedOptimizer(...), or time "
+                            "the script's own allreduce with `with run.waiting(): ...`")
+        if getattr(sync, "timed_by_hpcsuite", False):
+            return optimizer
+        drain = _cuda_drain(optimizer)
+
+        def synchronize(*args, **kwargs):
+            drain()
+            with self.waiting():
+                return sync(*args, **kwargs)
+
+        synchronize.timed_by_hpcsuite = True
+        optimizer.synchronize = synchronize
+        return optimizer
+
+    @contextmanager
+    def waiting(self):
+        """Time the block as this rank's wait for the other ranks: the script's own allreduce
+        of the gradients (``hvd.allreduce`` of each, or ``hvd.grouped_allreduce``), for a
+        script without a DistributedOptimizer (see :meth:`time_allreduce`)."""
+        self._waits.timed = True
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._waits.seconds += time.perf_counter() - t0
 
     def checkpoint_due(self) -> bool:
         """Whether this step should be saved: every train.checkpoint.every_steps, or when the
@@ -256,8 +321,10 @@ class Run:
         elapsed = time.perf_counter() - self._t0
         if self._timeline is not None:
             self._timeline.close(self.step)
+        utilisation = self.sampler.stop(status) if self.sampler is not None else []
         mine = s.note(elapsed, checksum(params) if params is not None else None,
-                      rank=self.rank, metrics=m.series, own_real=self._own_real)
+                      rank=self.rank, metrics=m.series, own_real=self._own_real,
+                      utilisation=utilisation, **self.balance.note())
         s.write_rank_record({**mine, "steps": self.step - self.start_step,
                              "step_time_s": m.step_times})
         gathered = s.gather(mine)
@@ -275,13 +342,49 @@ class Run:
         results = s.results(
             gathered, status, mode="script", model=self.t.script, dataset_samples=self._n or 0,
             epochs=self.t.epochs or 1, loss=list(metrics.get("loss", [])),
-            metrics={**metrics, **extra}, versions=_versions())
+            metrics={**metrics, **extra}, versions=_versions(),
+            rank_balance=self.balance.record(gathered),
+            utilisation=[g["utilisation"] for g in gathered] if self.sampler is not None else [])
         if params is not None:                  # what the script's allreduce carries, at best
             results.gradient_tensors = len(params)
             results.gradient_bytes = 4 * sum(int(np.asarray(v).size) for v in params.values())
         path = publish(self.run_dir, results)
         print(f"hpcsuite script: {status} at step {self.step}; wrote {path}", flush=True)
         s.track_results(path, status)
+
+
+class _Waits:
+    """The script's time in the allreduce, where the script lets hpcsuite time it: what
+    :class:`~hpcsuite.runs.stragglers.Balance` takes at each vote (None: never timed)."""
+
+    def __init__(self):
+        self.timed, self.seconds = False, 0.0
+
+    def take_wait(self) -> float | None:
+        waited, self.seconds = self.seconds, 0.0
+        return waited if self.timed else None
+
+
+def _sampler(run: Run):
+    """train.monitor's sampler of this rank (its step read from ``run``), or None. CPU and
+    memory only: hpcsuite does not know the script's device, nor how long it waits for data,
+    which the starved-GPU rule (runs/gpu_use.py) would need beside the GPU's figures."""
+    mon = run.t.monitor
+    if not mon.enabled:
+        return None
+    from .monitor import Sampler
+
+    return Sampler(mon.interval_seconds, run.rank, "cpu", mon.prometheus_dir, run.job.name,
+                   hostname()).start(run)
+
+
+def _cuda_drain(optimizer):
+    """What waits for the GPU's queued work before the allreduce is timed (nothing on a CPU)."""
+    torch = sys.modules.get("torch")
+    on_cuda = torch is not None and any(getattr(p, "is_cuda", False)
+                                        for g in getattr(optimizer, "param_groups", ())
+                                        for p in g["params"])
+    return torch.cuda.current_stream().synchronize if on_cuda else (lambda: None)
 
 
 def global_loss(gathered: list[dict]) -> list[float]:

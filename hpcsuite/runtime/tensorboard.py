@@ -147,3 +147,9 @@ def utilisation_values(rank: int, sample: dict) -> dict[str, float]:
         out[prefix + "gpu_percent"] = sample["gpu_percent"]
         out[prefix + "gpu_memory_mib"] = sample.get("gpu_memory_bytes", 0) / 2 ** 20
     return out
+
+
+def own_time_values(own: tuple) -> dict[str, float]:
+    """Every rank's own work per step at a vote (:mod:`hpcsuite.runs.stragglers`), in ms, by
+    tag; the ranks whose time is not measured are left out."""
+    return {f"ranks/own_ms/rank_{r}": 1e3 * t for r, t in enumerate(own) if t is not None}

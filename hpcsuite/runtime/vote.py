@@ -10,9 +10,9 @@ number results.json records for that step, at no extra collective.
 
 Each rank also sends, the same way, how its steps since the last vote split: its own time per
 step (data, forward, backward, optimizer: everything but waiting for the others) and its wait
-in the gradients' allreduce, in microseconds (-1: not measured, as in TensorFlow and script
-mode). Rank 0 sees from them which rank the others wait for
-(:mod:`hpcsuite.runs.stragglers`). The vector is 3 + 4 x ranks int32: 16 KiB at 1,000 ranks,
+in the gradients' allreduce, in microseconds (-1: not measured, as in TensorFlow and in script
+mode unless the script's allreduce is timed: ``Run.time_allreduce``). Rank 0 sees from them
+which rank the others wait for (:mod:`hpcsuite.runs.stragglers`). The vector is 3 + 4 x ranks int32: 16 KiB at 1,000 ranks,
 once per vote interval."""
 
 from __future__ import annotations
