@@ -26,7 +26,7 @@ ALLOWED = {
     # submit.config: script mode tried by hand resolves its spec as `hpcsuite submit` would
     "runtime": {"submit.spec", "submit.values", "submit.config", "runs.rundir", "runs.results", "runs.attempts",
                 "runs.stragglers", "runs.checkpoint_dir", "runs.script_ranks", "runs.world_change",
-                "models"},
+                "runs.mlflow_store", "models"},
 }
 
 

@@ -25,7 +25,7 @@ COMMANDS = [
     ["--help"], ["render", "--help"], ["submit", "--help"], ["status", "--help"],
     ["logs", "--help"], ["cancel", "--help"], ["runs", "--help"], ["cluster", "--help"],
     ["cluster", "status", "--help"], ["sweep", "--help"], ["sweep", "run", "--help"],
-    ["sweep", "report", "--help"], ["report", "--help"],
+    ["sweep", "report", "--help"], ["report", "--help"], ["tracking", "sync", "--help"],
     ["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
     ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"],
 ]

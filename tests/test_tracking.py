@@ -13,6 +13,7 @@ import pytest
 
 from hpcsuite import api
 from hpcsuite.errors import UserError
+from hpcsuite.runs import mlflow_store
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime import tensorboard as tb
 from hpcsuite.runtime import tracking
@@ -22,7 +23,7 @@ mlflow = pytest.importorskip("mlflow")
 
 
 def client(uri):
-    return tracking.client_for(uri)     # MLflow's own MlflowClient (file stores allowed)
+    return mlflow_store.client_for(uri)     # MLflow's own MlflowClient (file stores allowed)
 
 
 def record(run_dir) -> dict:
@@ -31,7 +32,9 @@ def record(run_dir) -> dict:
 
 # ------------------------------------------------------------------- the spec
 @pytest.mark.parametrize("mlflow_key, message", [
-    ({"uri": "sqlite:///m.db"}, "sqlite: is not a tracking URI"),
+    ({"uri": "postgresql://db/x"}, "postgresql: is not a tracking URI"),
+    ({"uri": "sqlite://host/m.db"}, "a SQLite database is sqlite:///PATH"),
+    ({"uri": "sqlite:///:memory:"}, "a SQLite database is sqlite:///PATH"),
     ({"uri": "http://"}, "no host"),
     ({"uri": "https://h:70000"}, "out of range"),
     ({"uri": "file:"}, "needs a path"),
@@ -48,7 +51,8 @@ def test_bad_tracking_keys_name_the_key_in_one_line(mlflow_key, message):
 
 
 @pytest.mark.parametrize("uri", ["file:///srv/mlruns", "mlruns", "../shared/mlruns",
-                                 "http://mlflow.site:5000", "https://mlflow.site/prefix"])
+                                 "http://mlflow.site:5000", "https://mlflow.site/prefix",
+                                 "sqlite:///mlflow.db", "sqlite:////srv/mlflow.db"])
 def test_good_uris(uri):
     job = spec_from_dict({"name": "s", "train": {"tracking": {"mlflow": {"uri": uri}}}}, "j")
     assert job.train.tracking.mlflow.uri == uri
@@ -91,7 +95,7 @@ def test_the_site_profile_names_the_default_uri(tmp_path):
     r = resolve(str(tmp_path / "job.yaml"), str(tmp_path / "profile.yaml"), cwd=tmp_path,
                 ambient=False)
     assert "tracking" not in plan(r.job, r.profile, SearchPath.builtin_only(), r.locks).script
-    (tmp_path / "profile.yaml").write_text("tracking_uri: 'sqlite:///x.db'\n")
+    (tmp_path / "profile.yaml").write_text("tracking_uri: 'mysql://db/x'\n")
     with pytest.raises(UserError, match=r"profile\.yaml.*tracking_uri"):
         resolve(str(tmp_path / "job.yaml"), str(tmp_path / "profile.yaml"), cwd=tmp_path,
                 ambient=False)
@@ -103,6 +107,7 @@ def test_params_flatten_the_spec_with_env_names_only_and_long_values_cut():
         "lr": 0.1, "args": ["x" * 4000, "y" * 4000], "model_args": {"width": 8},
         "tracking": {"mlflow": {}}}}, "j").to_dict()
     params = tracking.flat_params(spec)
+    assert tracking.flat_params({"env": {}})["env"] == "{}"         # a value, not empty
     assert params["train.lr"] == "0.1" and params["name"] == "s"
     assert params["train.model_args.width"] == "8"
     assert params["train.epochs"] == "null" and params["train.ledger"] == "false"
@@ -144,20 +149,21 @@ def test_an_unreachable_server_falls_back_to_the_run_directory(tmp_path, caplog)
     paths = RunDir(tmp_path / "runs" / "s" / "7")
     uri = f"http://127.0.0.1:{closed_port()}"
     with caplog.at_level(logging.WARNING):
-        got = tracking.reachable(uri, paths)
+        got, why = tracking.reachable(uri, paths)
     assert got == paths.mlruns.absolute().as_uri()
+    assert why.startswith(f"{uri}: server 127.0.0.1:") and "not reachable from" in why
     [line] = [r.getMessage() for r in caplog.records]
-    assert "train.tracking.mlflow.uri: cannot reach 127.0.0.1" in line
+    assert line.startswith(f"train.tracking.mlflow.uri: {uri}: server 127.0.0.1")
     assert str(paths.mlruns) in line
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     listening.listen()
     try:
         up = f"http://127.0.0.1:{listening.getsockname()[1]}"
-        assert tracking.reachable(up, paths) == up
+        assert tracking.reachable(up, paths) == (up, None)
     finally:
         listening.close()
-    assert tracking.reachable("file:///x", paths) == "file:///x"
+    assert tracking.reachable("file:///x", paths) == ("file:///x", None)
 
 
 def test_store_uri_default_path_and_server(tmp_path, monkeypatch):
@@ -166,6 +172,8 @@ def test_store_uri_default_path_and_server(tmp_path, monkeypatch):
     assert tracking.store_uri(None, paths) == (tmp_path / "runs" / "s" / "mlruns").as_uri()
     assert tracking.store_uri("shared/ml runs", paths) == (tmp_path / "shared/ml runs").as_uri()
     assert tracking.store_uri("HTTP://h:1", paths) == "HTTP://h:1"
+    assert tracking.store_uri("sqlite:///m.db", paths) == f"sqlite:///{tmp_path}/m.db"
+    assert tracking.store_uri("sqlite:////srv/m.db", paths) == "sqlite:////srv/m.db"
 
 
 # ------------------------------------------------------------------- rank 0, in this process
@@ -196,7 +204,17 @@ def test_script_mode_logs_params_tags_metrics_and_results(tmp_path, monkeypatch)
     got = c.get_run(rec["run_id"])
     assert got.info.status == "FINISHED" and got.info.run_name == "s-1"
     assert c.get_experiment(got.info.experiment_id).name == "s"
-    assert got.data.params["train.lr"] == "0.25" and got.data.params["name"] == "s"
+    params = got.data.params
+    # what the script was given, not the managed loop's defaults it never reads
+    assert params["train.batch_size"] == "4" and params["name"] == "s"
+    assert params["train.script"] == "train.py" and params["train.epochs"] == "3"
+    assert not {"train.lr", "train.model", "train.optimizer.name", "train.data.kind",
+                "train.horovod.compression"} & set(params)
+    assert params["train.horovod.fusion_threshold_mb"] == "64"      # Horovod reads it
+    assert params["env"] == "{}"
+    assert params["train.tracking.mlflow.uri"] == rec["uri"]        # resolved, not null
+    assert params["train.tracking.mlflow.experiment"] == "s"
+    assert (rec["state"], rec["status"], rec["attempt"]) == ("ended", "FINISHED", 0)
     tags = got.data.tags
     assert tags["hpcsuite.slurm_job_id"] == "4242" and tags["hpcsuite.attempt"] == "0"
     assert tags["hpcsuite.status"] == "completed" and "hpcsuite.sweep" not in tags
@@ -215,7 +233,9 @@ def test_a_second_attempt_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     second, _ = script_run(tmp_path)
     train(second, scale=2.0)
-    assert record(run_dir) == rec                    # the same MLflow run
+    again = record(run_dir)
+    assert again["run_id"] == rec["run_id"] and again["uri"] == rec["uri"]   # the same MLflow run
+    assert (rec["attempt"], again["attempt"], again["state"]) == (0, 1, "ended")
     c = client(rec["uri"])
     assert len(c.search_runs([rec["experiment_id"]])) == 1
     got = c.get_run(rec["run_id"])
@@ -232,8 +252,12 @@ def test_a_server_out_of_reach_logs_to_the_run_directory(tmp_path, monkeypatch, 
     rec = record(run_dir)
     assert rec["uri"] == RunDir(run_dir).mlruns.absolute().as_uri()
     got = client(rec["uri"]).get_run(rec["run_id"])
-    assert got.info.status == "FINISHED" and got.data.params["train.lr"] == "0.25"
-    assert sum("cannot reach" in r.getMessage() for r in caplog.records) == 1
+    assert got.info.status == "FINISHED" and got.data.params["train.batch_size"] == "4"
+    assert sum("not reachable" in r.getMessage() for r in caplog.records) == 1
+    assert rec["asked"].startswith("http://127.0.0.1:") and "not reachable" in rec["fell_back"]
+    line = mlflow_store.summary_line(run_dir)
+    assert line.startswith(f"MLflow: run {rec['run_id']} (FINISHED), experiment 'offline'")
+    assert f"fell back to {rec['uri']} ({rec['asked']}: server 127.0.0.1:" in line
 
 
 def test_a_store_that_cannot_be_written_turns_tracking_off_in_one_line(tmp_path, caplog):
@@ -244,7 +268,9 @@ def test_a_store_that_cannot_be_written_turns_tracking_off_in_one_line(tmp_path,
     assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
     said = [r.getMessage() for r in caplog.records if "train.tracking" in r.getMessage()]
     assert len(said) == 1 and "no more MLflow logging" in said[0] and "\n" not in said[0]
-    assert not RunDir(run_dir).mlflow.exists()
+    rec = record(run_dir)              # what `status` and `submit --wait` say
+    assert rec["state"] == "lost" and "run_id" not in rec
+    assert mlflow_store.summary_line(run_dir) == f"MLflow: lost in attempt 0: {rec['error']}"
 
 
 def test_without_mlflow_installed_one_line_says_so(tmp_path, monkeypatch, caplog):
@@ -253,8 +279,11 @@ def test_without_mlflow_installed_one_line_says_so(tmp_path, monkeypatch, caplog
     with caplog.at_level(logging.WARNING):
         train(run)
     said = [r.getMessage() for r in caplog.records if "train.tracking" in r.getMessage()]
-    assert said == ["train.tracking.mlflow: mlflow is not installed where the ranks run (pip "
-                    "install 'hpcsuite[tracking]'); no more MLflow logging this attempt"]
+    assert len(said) == 1 and said[0].startswith("train.tracking.mlflow: ModuleNotFoundError: ")
+    assert said[0].endswith("(mlflow is not installed where the ranks run: pip install "
+                            "'hpcsuite[tracking]'); no more MLflow logging this attempt")
+    assert mlflow_store.summary_line(run_dir).startswith(
+        "MLflow: lost in attempt 0: ModuleNotFoundError: ")
 
 
 def test_report_adds_its_plots_to_the_run(tmp_path):
@@ -263,12 +292,12 @@ def test_report_adds_its_plots_to_the_run(tmp_path):
     from hpcsuite.runs.report import plot
 
     plots = plot(run_dir)
-    line = tracking.add_plots(run_dir, plots)
+    line = mlflow_store.add_plots(run_dir, plots)
     rec = record(run_dir)
     assert line.startswith(f"MLflow: {len(plots)} plots added to run {rec['run_id']}")
     names = {f.path for f in client(rec["uri"]).list_artifacts(rec["run_id"], "report")}
     assert names == {f"report/{p.name}" for p in plots}
-    assert tracking.add_plots(tmp_path, plots) is None       # a run without tracking
+    assert mlflow_store.add_plots(tmp_path, plots) is None       # a run without tracking
 
 
 def test_a_studys_points_share_one_experiment_named_after_it(tmp_path):

@@ -61,7 +61,8 @@ class Group(click.Group):
 # node pay for the commands they run, not for studies, sweeps, benchmarks or the local cluster.
 LAZY_COMMANDS = {"bench": "bench_cmd", "cluster": "cluster_cmd", "config": "config_cmd",
                  "lint": "templates_cmd", "study": "study_cmd", "sweep": "sweep_cmd",
-                 "templates": "templates_cmd"}
+                 "templates": "templates_cmd",
+                 "tracking": "tracking_cmd"}
 
 
 class MainGroup(Group):

@@ -85,6 +85,8 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
     if not as_json and outcome.exit_class in (runner.COMPLETED, runner.STOPPED):
         click.echo(outcome.summary())
     if outcome.error() is not None:
+        for line in [] if as_json else outcome.tracking_lines():   # the MLflow run it leaves
+            click.echo(line, err=True)
         raise outcome.error()
 
 
@@ -295,7 +297,7 @@ def report(run, out):
     plots = plot(Path(entry["run_dir"]), Path(out) if out else None)
     for path in plots:
         click.echo(str(path))
-    from ..runtime.tracking import add_plots     # imports mlflow only for a run that tracks
+    from ..runs.mlflow_store import add_plots     # imports mlflow only for a run that tracks
     tracked = add_plots(Path(entry["run_dir"]), plots)
     if tracked:
         click.echo(tracked)
@@ -424,9 +426,13 @@ def attempt_end(run_dir, status):
     import signal
 
     from ..runs import attempts
+    from ..runs.mlflow_store import end_attempt as end_tracking
 
     for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):   # the time limit's TERM must not cut the record
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    code = attempts.end(Path(run_dir), _attempt_job(run_dir), status,
-                        out=lambda line: click.echo(line))
+    job = _attempt_job(run_dir)
+    code = attempts.end(Path(run_dir), job, status, out=lambda line: click.echo(line))
+    # An MLflow run rank 0 left open ends as the attempt did (after a requeue too: the next
+    # attempt continues the run, so a close cut short by the requeue loses nothing).
+    end_tracking(job, Path(run_dir), out=lambda line: click.echo(line))
     raise click.exceptions.Exit(code)

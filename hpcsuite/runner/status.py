@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..records import Record, record
+from ..runs.mlflow_store import summary, summary_line
 from ..runs.rundir import RunDir
 
 
@@ -127,6 +128,9 @@ class StatusRecord(Record):
                                                      r.step_times_s, r.start_step)}
         c = attempts.counts(self.records)
         payload["error"] = self.error
+        tracked = summary(self.run_dir) if self.run_dir else None
+        if tracked:
+            payload["tracking"] = tracked
         payload["script"] = self.script or None
         payload["attempts"] = {"records": self.records, "count": c.attempts,
                                "completed": c.completed, "preempted": c.preempted,
@@ -168,6 +172,9 @@ class StatusRecord(Record):
             out.append(f"  error (attempt {e['attempt']}, {error_rank(e)}): {error_said(e)}")
         if self.timeout_note:
             out.append(f"  reached its time limit without stopping first; {self.timeout_note}")
+        tracked = summary_line(self.run_dir) if self.run_dir else None
+        if tracked:      # train.tracking: the MLflow run, a fall-back, a loss
+            out.append(f"  {tracked}")
         if self.run_dir:
             out.append(f"  run directory: {self.run_dir}")
         return out

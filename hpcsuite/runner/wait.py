@@ -6,6 +6,7 @@ from typing import Callable
 
 from ..errors import JobFailed, JobInputFailed, JobPreempted
 from ..records import Record, record
+from ..runs.mlflow_store import summary, summary_line
 from ..runs.rundir import RunDir
 from .status import StatusRecord
 
@@ -36,6 +37,9 @@ class Outcome(Record):
         payload = {"job_id": self.job_id, "state": self.state.state, "run_dir": self.run_dir}
         if self.results is not None:
             payload["results"] = self.results.to_json()
+        tracked = summary(self.run_dir) if self.run_dir else None
+        if tracked:             # train.tracking: the MLflow run, a fall-back, a loss
+            payload["tracking"] = tracked
         return payload
 
     def summary(self) -> str:
@@ -47,11 +51,17 @@ class Outcome(Record):
         said = lines(read(self.run_dir) if self.run_dir else [], self.job_id,
                      self.results is not None)
         if self.results is not None:
-            return "\n".join([summarize(self.run_dir), *(f"  {line}" for line in said)])
+            return "\n".join([summarize(self.run_dir), *(f"  {line}" for line in said),
+                              *(f"  {line}" for line in self.tracking_lines())])
         if not said:
             return f"job {self.job_id} completed; no results.json in {self.run_dir}"
         return "\n".join(line if line.startswith("warning") else f"job {self.job_id} {line}"
                          for line in said)
+
+    def tracking_lines(self) -> list[str]:
+        """train.tracking: the MLflow run and its store, where it fell back to, what lost it."""
+        line = summary_line(self.run_dir) if self.run_dir else None
+        return [line] if line else []
 
     def failure(self) -> str:
         """The job's end, what its first failing rank reported (the launcher's own lines may

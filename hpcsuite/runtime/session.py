@@ -156,6 +156,8 @@ class Session:
                     m = loaded.manifest
                     info = {"step": m["step"], "cursor": m["cursor"], "path": str(loaded.path)}
                     log.info("resuming from %s (step %d)", loaded.path, m["step"])
+                    if self.tracker is not None:     # a resubmission: the run it continues
+                        self.tracker.resumed(loaded.path, m.get("job_id"))
             except UserError as e:     # every rank stops on it, none waits for rank 0
                 info = {"error": str(e)}
         return self.ranks.broadcast_object(info), loaded

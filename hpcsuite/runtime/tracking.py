@@ -5,8 +5,8 @@ session's :class:`Charts` tells each of its charts every point (a training point
 ``CHART_SECONDS``, validation, utilisation, the report's last points), and :class:`Tracker` is
 a :class:`~.tensorboard.Chart` whose points go to MLflow. The resolved spec is logged as params
 once per MLflow run; tags name the job, its Slurm job id, array element and attempt and the git
-commit of the submit directory; results.json becomes an artifact once rank 0 has published it
-(:meth:`Tracker.finish`), and `hpcsuite report` adds its plots (:func:`add_plots`).
+commit recorded at submit (a dirty tree said); results.json becomes an artifact once rank 0 has
+published it (:meth:`Tracker.finish`), and `hpcsuite report` adds its plots.
 
 One MLflow run per hpcsuite run: the store and run id are kept in the run directory's
 mlflow.json, so a requeued or resumed attempt continues the same MLflow run (its metric history
@@ -19,8 +19,9 @@ in ``log_batch`` calls. Anything going wrong (mlflow not installed, a store that
 written, a server's error) is said in one warning line and ends tracking for the attempt. A
 tracking server this node cannot reach (a compute node without a network: no TCP connection
 within :data:`CONNECT_SECONDS`) makes rank 0 log to the run directory's ``mlruns/`` instead,
-and the warning says where. MLflow 3 refuses its file store (in maintenance mode) unless
-``MLFLOW_ALLOW_FILE_STORE`` is true: this module sets it in the rank's process for a file store.
+and the warning says where. What became of tracking (the run, a fall-back and why, a loss and
+its error) is kept in mlflow.json for `status` and `submit --wait`
+(:mod:`hpcsuite.runs.mlflow_store`, which also makes MLflow's client).
 """
 
 from __future__ import annotations
@@ -29,16 +30,15 @@ import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 from ..runs.attempts import SAVED, attempt_number
-from ..runs.results import write_json_atomic
-from ..runs.rundir import RunDir
+from ..runs.mlflow_store import (GIT_COMMIT, GIT_DIRTY, artifact_location, client_for, describe,
+                                 file_path, is_file_uri, local_uri, read_record,
+                                 server_unreachable, update_record, write_record)
+from ..runs.rundir import RunDir, RunRoot
 from .job_io import hostname, job_id
 from .tensorboard import Chart
 
@@ -51,9 +51,12 @@ PARAM_CHARS = 6000       # MLflow's limit on a param's value
 METRICS_PER_CALL = 1000  # log_batch's limits
 PARAMS_PER_CALL = 100
 _NOT_A_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")   # what MLflow refuses in a metric's name
-# Asked of MLflow's HTTP client unless the environment says otherwise: a slow server costs
-# the tracking thread tens of seconds at most, not MLflow's minutes of retries.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+# What the managed loop reads and a script is never given (its own model, data, optimizer,
+# precision and gradient exchange): left out of a script's params.
+SCRIPT_IGNORES = ("train.model", "train.model_args", "train.loss", "train.data", "train.eval",
+                  "train.lr", "train.optimizer", "train.schedule", "train.precision",
+                  "train.ledger", "train.horovod.compression", "train.horovod.op",
+                  "train.horovod.allreduce")
 
 
 class Tracker(Chart):
@@ -63,6 +66,7 @@ class Tracker(Chart):
         super().__init__(run_dir, host)
         self.job = job
         self.queue: list[tuple[str, float, int, int]] = []   # (key, value, ms, step)
+        self.tags: dict[str, str] = {}                        # sent with the next points
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.ending: tuple[Path | None, str] | None = None
@@ -77,6 +81,21 @@ class Tracker(Chart):
         with self.lock:
             self.queue.extend((metric_key(k), float(v), ms, int(step))
                               for k, v in values.items() if v is not None)
+
+    def tag(self, tags: dict[str, str]) -> None:
+        with self.lock:
+            self.tags.update(tags)
+
+    def resumed(self, checkpoint: Path, from_job: str | None) -> None:
+        """Rank 0 resumed from ``checkpoint``, written by job ``from_job``: a run that began
+        in another job (a resubmission) is tagged with it and the MLflow run it continues."""
+        if not from_job or from_job == job_id():
+            return          # a requeued attempt: the same MLflow run goes on
+        tags = {"hpcsuite.resumed_from": str(checkpoint), "hpcsuite.resumed_from_job": from_job}
+        earlier = read_record(RunRoot(self.run_dir.parent).run(from_job).mlflow).get("run_id")
+        if earlier:
+            tags["hpcsuite.continues_run"] = earlier
+        self.tag(tags)
 
     def flush(self) -> None:
         self.wake.set()
@@ -95,8 +114,15 @@ class Tracker(Chart):
                         "within %.0f s; left unsent", FINISH_SECONDS)
 
     def give_up(self, e: BaseException) -> None:
-        log.warning("train.tracking.mlflow: %s; no more MLflow logging this attempt", describe(e))
+        said = describe(e)
+        log.warning("train.tracking.mlflow: %s; no more MLflow logging this attempt", said)
         self.broken = True
+        try:    # for `status` and `submit --wait`
+            update_record(RunDir(self.run_dir).mlflow, attempt=attempt_number(), state="lost",
+                          error=said)
+        except OSError as oe:
+            log.warning("train.tracking.mlflow: cannot record the loss in %s (%s)",
+                        RunDir(self.run_dir).mlflow, oe.strerror or oe)
 
     # the tracking thread
     def _work(self) -> None:
@@ -107,7 +133,10 @@ class Tracker(Chart):
                 self.wake.clear()
                 with self.lock:
                     points, self.queue = self.queue, []
+                    tags, self.tags = self.tags, {}
                 run.metrics(points)
+                if tags:
+                    run.tags(tags)
                 if self.ending is not None:
                     run.end(*self.ending)
                     return
@@ -156,8 +185,9 @@ class Charts:
 class MlflowRun:
     """The MLflow side (the tracking thread's): the client and the run it logs to."""
 
-    def __init__(self, client, run_id: str):
+    def __init__(self, client, run_id: str, record: Path | None = None):
         self.client, self.run_id = client, run_id
+        self._record = record       # mlflow.json
 
     @classmethod
     def open(cls, job, paths: RunDir) -> "MlflowRun":
@@ -165,22 +195,27 @@ class MlflowRun:
         run in the job's experiment, with the spec as params, recorded in mlflow.json."""
         spec = job.train.tracking.mlflow
         record = read_record(paths.mlflow)
-        uri = reachable(record.get("uri") or store_uri(spec.uri, paths), paths)
+        asked = record.get("uri") or store_uri(spec.uri, paths)
+        uri, fell_back = reachable(asked, paths)
         client = client_for(uri)
         tags = run_tags(job, paths)
+        now = {"attempt": attempt_number(), "state": "logging", "error": None, "status": None}
         if record.get("uri") == uri and record.get("run_id"):
             run_id = record["run_id"]
             client.update_run(run_id, "RUNNING")
-            cls(client, run_id).tags(tags)
+            made = cls(client, run_id, paths.mlflow)
+            made.tags(tags)
+            update_record(paths.mlflow, **now)
             log.info("MLflow: continuing run %s (attempt %d) in %s", run_id, attempt_number(), uri)
-            return cls(client, run_id)
+            return made
         name = spec.experiment or job.name
         experiment = experiment_id(client, name, uri)
         run = client.create_run(experiment, tags=tags, run_name=f"{job.name}-{paths.path.name}")
-        made = cls(client, run.info.run_id)
-        write_json_atomic(paths.mlflow, {"uri": uri, "run_id": made.run_id,
-                                         "experiment": name, "experiment_id": experiment})
-        made.params(flat_params(job.to_dict()))
+        made = cls(client, run.info.run_id, paths.mlflow)
+        write_record(paths.mlflow, {"uri": uri, "run_id": made.run_id, "experiment": name,
+                                    "experiment_id": experiment, "asked": asked,
+                                    "fell_back": fell_back, **now})
+        made.params(run_params(job, uri, name))
         log.info("MLflow: run %s in experiment %r at %s", made.run_id, name, uri)
         return made
 
@@ -207,26 +242,40 @@ class MlflowRun:
         if results is not None and Path(results).is_file():
             self.client.log_artifact(self.run_id, str(results))
         self.tags({"hpcsuite.status": status})
-        self.client.set_terminated(self.run_id, "FINISHED" if status == "completed" else
-                                   "KILLED" if status in SAVED else "FAILED")
+        ended = "FINISHED" if status == "completed" else "KILLED" if status in SAVED else "FAILED"
+        self.client.set_terminated(self.run_id, ended)
+        update_record(self._record, attempt=attempt_number(), state="ended", status=ended)
 
 
 # ------------------------------------------------------------------- pure parts
 def flat_params(spec: dict, prefix: str = "") -> dict[str, str]:
     """The resolved spec as MLflow params: ``train.lr`` -> ``"0.05"`` (JSON for everything but
     strings), nested mappings flattened, at most :data:`PARAM_CHARS` per value. ``env`` gives
-    only its names: its values may be secrets a tracking server should not keep."""
+    only its names (``{}`` for none): its values may be secrets a tracking server should not
+    keep."""
     out: dict[str, str] = {}
     for key, value in spec.items():
         name = f"{prefix}{key}"
         if name == "env":
-            out[name] = ",".join(sorted(value))
+            out[name] = ",".join(sorted(value)) or "{}"
         elif isinstance(value, dict) and value:
             out.update(flat_params(value, f"{name}."))
         else:
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
             out[name] = text if len(text) <= PARAM_CHARS else text[:PARAM_CHARS - 3] + "..."
     return out
+
+
+def run_params(job, uri: str, experiment: str) -> dict[str, str]:
+    """The params of a new MLflow run: the resolved spec (in script mode without what only the
+    managed loop reads, :data:`SCRIPT_IGNORES`), with the store and experiment actually used."""
+    params = flat_params(job.to_dict())
+    if job.train.script is not None:
+        params = {k: v for k, v in params.items()
+                  if not any(k == i or k.startswith(i + ".") for i in SCRIPT_IGNORES)}
+    params["train.tracking.mlflow.uri"] = uri
+    params["train.tracking.mlflow.experiment"] = experiment
+    return params
 
 
 def metric_key(key: str) -> str:
@@ -238,31 +287,23 @@ def store_uri(uri: str | None, paths: RunDir) -> str:
     """The spec's URI (a path made a file: URI), or the file store shared by the job name."""
     if uri is None:
         return paths.default_mlruns.as_uri()
-    if uri.lower().startswith(("file:", "http://", "https://")):
-        return uri
-    return Path(uri).absolute().as_uri()      # a path, relative to the submit directory
+    return local_uri(uri)
 
 
-def reachable(uri: str, paths: RunDir) -> str:
-    """``uri``, or the run directory's file store where ``uri`` is a server this node cannot
-    reach (said in one warning line)."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        return uri
-    port = parts.port or (443 if scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname, port), CONNECT_SECONDS).close()
-        return uri
-    except OSError as e:
-        log.warning("train.tracking.mlflow.uri: cannot reach %s:%d from %s (%s); logging to %s "
-                    "instead", parts.hostname, port, hostname(), e.strerror or e, paths.mlruns)
-        return paths.mlruns.absolute().as_uri()
+def reachable(uri: str, paths: RunDir) -> tuple[str, str | None]:
+    """(``uri``, None), or (the run directory's file store, why) where ``uri`` is a server
+    this node cannot reach (said in one warning line)."""
+    why = server_unreachable(uri, CONNECT_SECONDS)
+    if why is None:
+        return uri, None
+    log.warning("train.tracking.mlflow.uri: %s: %s; logging to %s instead", uri, why,
+                paths.mlruns)
+    return paths.mlruns.absolute().as_uri(), f"{uri}: {why}"
 
 
 def run_tags(job, paths: RunDir) -> dict[str, str]:
     """The Slurm job, the array element (a sweep's: grouped by hpcsuite.sweep), the attempt,
-    the git commit of the submit directory."""
+    the git commit recorded at submit and whether the tree had changes not committed."""
     tags = {"hpcsuite.job": job.name, "hpcsuite.run_dir": str(paths.path.absolute()),
             "hpcsuite.attempt": str(attempt_number()), "hpcsuite.host": hostname(),
             "hpcsuite.spec_digest": job.digest()}
@@ -272,9 +313,20 @@ def run_tags(job, paths: RunDir) -> dict[str, str]:
     if array and index:          # only a sweep submits a job array
         tags.update({"hpcsuite.sweep": job.name, "hpcsuite.array_job_id": array,
                      "hpcsuite.array_index": index})
-    commit = git_commit(Path.cwd())
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
+    return {**tags, **git_tags()}
+
+
+def git_tags() -> dict[str, str]:
+    """``mlflow.source.git.commit`` and ``hpcsuite.git_dirty``: as the runner recorded them at
+    submit (the tree may have moved on while the job queued); a script run by hand, outside a
+    job hpcsuite submitted, reads the working tree."""
+    if GIT_COMMIT in os.environ:
+        commit, dirty = os.environ[GIT_COMMIT], os.environ.get(GIT_DIRTY, "")
+    else:
+        commit, dirty = git_commit(Path.cwd()), ""
+    tags = {"mlflow.source.git.commit": commit} if commit else {}
+    if commit and dirty in ("true", "false"):
+        tags["hpcsuite.git_dirty"] = dirty
     return tags
 
 
@@ -311,18 +363,6 @@ def _ref(git: Path, ref: str) -> str | None:
 
 
 # ------------------------------------------------------------------- MLflow's client
-def client_for(uri: str):
-    """MLflow's client for ``uri`` (importing mlflow: the tracking thread and `report` only)."""
-    if uri.lower().startswith("file:"):
-        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
-        Path(url2pathname(urlsplit(uri).path)).mkdir(parents=True, exist_ok=True)
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
 def experiment_id(client, name: str, uri: str) -> str:
     """The experiment called ``name``, created when missing. The elements of a sweep start
     together: a file store is locked while one looks and creates (it would make two of the
@@ -330,15 +370,15 @@ def experiment_id(client, name: str, uri: str) -> str:
     import fcntl
 
     lock = None
-    if uri.lower().startswith("file:"):
-        lock = open(Path(url2pathname(urlsplit(uri).path)) / ".hpcsuite-experiments.lock", "a")
+    if is_file_uri(uri):
+        lock = open(file_path(uri) / ".hpcsuite-experiments.lock", "a")
         fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         found = client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
         try:
-            return client.create_experiment(name)
+            return client.create_experiment(name, artifact_location(uri))
         except Exception:  # noqa: BLE001 - MlflowException: another job created it meanwhile
             found = client.get_experiment_by_name(name)
             if found is None:
@@ -347,32 +387,3 @@ def experiment_id(client, name: str, uri: str) -> str:
     finally:
         if lock is not None:
             lock.close()
-
-
-def read_record(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def describe(e: BaseException) -> str:
-    if isinstance(e, ImportError) and (e.name or "").startswith("mlflow"):
-        return "mlflow is not installed where the ranks run (pip install 'hpcsuite[tracking]')"
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-
-
-def add_plots(run_dir: Path, plots: list[Path]) -> str | None:
-    """`hpcsuite report`'s PNGs as artifacts (report/) of the run's MLflow run, when it has one
-    (its mlflow.json); the line to print, or None for a run without tracking."""
-    record = read_record(RunDir(run_dir).mlflow)
-    if not record.get("run_id") or not plots:
-        return None
-    try:
-        client = client_for(record["uri"])
-        for path in plots:
-            client.log_artifact(record["run_id"], str(path), "report")
-    except Exception as e:  # noqa: BLE001 - the plots are drawn; say why MLflow has none
-        return f"MLflow: plots not added to run {record['run_id']} ({describe(e)})"
-    return f"MLflow: {len(plots)} plots added to run {record['run_id']} at {record['uri']}"

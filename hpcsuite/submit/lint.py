@@ -117,6 +117,8 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                            "each other; set one"))
     r = job.resources
     out += gpu_findings(job, profile)
+    from .tracking import tracking_problems
+    out += [Finding("warning", "train.tracking.mlflow", m) for m in tracking_problems(job, profile)]
     if walltime_seconds(r.time) == 0 and not profile.allow_unlimited_time:
         out.append(Finding("error", "resources.time",
                            f"{r.time!r} means no time limit, which this site does not allow; "

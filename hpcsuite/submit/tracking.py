@@ -2,10 +2,13 @@
 tracking URI (the profile's ``tracking_uri``).
 
 What a URI may be is checked here, on the login node, without MLflow: a file store (``file:``
-or a plain path) or a tracking server (``http(s)://HOST[:PORT]``). mlflow-skinny, the extra
-hpcsuite asks for, has no database store, so ``sqlite:``/``postgresql:`` and the like are
-refused here rather than on rank 0 hours later. Rank 0 does the logging
-(:mod:`hpcsuite.runtime.tracking`).
+or a plain path), a tracking server (``http(s)://HOST[:PORT]``) or a SQLite database
+(``sqlite:///PATH``: one job's; the elements of a sweep write at once, and SQLite's locking on
+a shared filesystem is not to be trusted, so the default stays the file store, which
+``hpcsuite tracking sync`` copies into a server or database). Other databases are refused here
+rather than on rank 0 hours later (their drivers are not installed). Rank 0 does the logging
+(:mod:`hpcsuite.runtime.tracking`); :func:`tracking_findings` warns when the job's Python has
+no mlflow.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from urllib.parse import urlsplit
 from ..records import Record, meta, record
 
 SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-URI_HELP = "file:/PATH, a path, or http(s)://HOST[:PORT][/PATH]"
+URI_HELP = "file:/PATH, a path, http(s)://HOST[:PORT][/PATH] or sqlite:///PATH"
 EXPERIMENT_MAX = 200
 
 
@@ -31,9 +34,16 @@ def uri_problem(text: str) -> str | None:
     name = scheme.group(1).lower()
     if name == "file":
         return None if text[5:].strip("/") else f"{text!r}: a file: URI needs a path"
+    if name == "sqlite":
+        path = text[len("sqlite:"):]
+        if not path.startswith("///") or not path[3:].strip("/") or ":memory:" in path:
+            return (f"{text!r}: a SQLite database is sqlite:///PATH (relative to the submit "
+                    "directory) or sqlite:////ABSOLUTE/PATH")
+        return None
     if name not in ("http", "https"):
-        return (f"{text!r}: {name}: is not a tracking URI hpcsuite can use (mlflow-skinny has no "
-                f"database store); use {URI_HELP}")
+        return (f"{text!r}: {name}: is not a tracking URI hpcsuite can use (no driver for that "
+                f"database is installed); use {URI_HELP}, and `hpcsuite tracking sync` to copy "
+                "runs into a tracking server")
     try:
         parts = urlsplit(text)
         parts.port        # raises on a port that is not a number in range
@@ -53,7 +63,8 @@ class MlflowTracking(Record):
     uri: Optional[str] = field(default=None, metadata=meta(
         "the MLflow tracking URI: " + URI_HELP + " (a path is relative to the submit "
         "directory). Unset: the site profile's tracking_uri, else a file store in "
-        "OUTPUT_DIR/NAME/mlruns (`mlflow ui --backend-store-uri` reads it). A server rank 0 "
+        "OUTPUT_DIR/NAME/mlruns (`hpcsuite tracking sync` copies its runs into a server or a "
+        "sqlite: database, which `mlflow ui` shows). A server rank 0 "
         "cannot reach (a compute node without a network) makes it log to the run directory's "
         "mlruns/ instead, which its log names", check=uri_problem, nonempty=True))
     experiment: Optional[str] = field(default=None, metadata=meta(
@@ -78,3 +89,35 @@ def with_site_uri(job, profile):
     mlflow = dataclasses.replace(tracking.mlflow, uri=profile.tracking_uri)
     train = dataclasses.replace(job.train, tracking=Tracking(mlflow))
     return dataclasses.replace(job, train=train)
+
+
+# importlib.util.find_spec locates the package without importing it (mlflow takes seconds)
+FIND_MLFLOW = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('mlflow') else 3)"
+
+
+def tracking_problems(job, profile) -> list[str]:
+    """Why train.tracking would log nothing: the Python the ranks run (the site profile's
+    ``python``, else this one) cannot find mlflow. Asked without importing it; a job in a
+    container image is not asked (its Python is the image's)."""
+    import importlib.util
+    import sys
+
+    if job.train.tracking is None or job.container.image:
+        return []
+    python = profile.interpreter()
+    if python == sys.executable:
+        found = importlib.util.find_spec("mlflow") is not None
+    else:
+        from .. import slurm
+        from ..errors import UserError
+
+        try:
+            found = slurm.call([python, "-c", FIND_MLFLOW], timeout=30,
+                               check=False).returncode == 0
+        except UserError:
+            return [f"the site profile's python ({python}) cannot be run here to ask whether "
+                    "it has mlflow"]
+    if found:
+        return []
+    return [f"the job's Python ({python}) cannot find mlflow: the job would run without MLflow "
+            "tracking (pip install 'hpcsuite[tracking]' there)"]

@@ -1,0 +1,274 @@
+"""A run's MLflow record (the run directory's mlflow.json) and MLflow's client for its store.
+
+Rank 0 (:mod:`hpcsuite.runtime.tracking`) writes mlflow.json: where the run logs (``uri``,
+``run_id``, ``experiment``, ``experiment_id``), what it was asked (``asked``: the spec's or the
+site's store) and what became of tracking in the latest attempt (``attempt``, ``state``:
+logging, ended or lost; ``fell_back``: why it logs to the run directory instead of the server
+asked; ``error``: why tracking was lost; ``status``: MLflow's status when ended). `status`
+and `submit --wait` say it in one line (:func:`summary_line`), and the batch script's
+`hpcsuite attempt end` closes a run rank 0 left RUNNING (:func:`close_run`).
+
+MLflow itself is imported only inside :func:`client_for`: by rank 0's tracking thread,
+`report`, `tracking sync` and an `attempt end` that has a run to close. MLflow 3 refuses its
+file store (in maintenance mode) unless ``MLFLOW_ALLOW_FILE_STORE`` is true; the store is
+made (and cached by MLflow) while the variable is set, and the variable is put back after,
+so a login-node command leaves its environment as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+from .rundir import RunDir
+
+ALLOW = "MLFLOW_ALLOW_FILE_STORE"
+# Asked of MLflow's HTTP client unless the environment says otherwise: a slow server costs
+# the caller tens of seconds at most, not MLflow's minutes of retries.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+INSTALL = "pip install 'hpcsuite[tracking]'"
+# attempt end's outcome -> the MLflow status of a run rank 0 left open
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+TAG_CHARS = 500
+# The commit and state of the submit directory's git tree when the job was submitted: the
+# runner hands them to sbatch, the batch script's environment keeps them (a requeue too), and
+# rank 0 tags the run with them.
+GIT_COMMIT, GIT_DIRTY = "HPCSUITE_GIT_COMMIT", "HPCSUITE_GIT_DIRTY"
+
+
+def read_record(path: Path) -> dict:
+    """mlflow.json as a dict ({} when missing or damaged: tracking then starts afresh)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_record(path: Path, record: dict) -> None:
+    """mlflow.json, renamed into place (`status` may be reading it)."""
+    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def update_record(path: Path, **fields) -> dict:
+    record = {**read_record(path), **fields}
+    write_record(path, record)
+    return record
+
+
+def is_file_uri(uri: str) -> bool:
+    return uri.lower().startswith("file:")
+
+
+def file_path(uri: str) -> Path:
+    """The directory a file: URI names."""
+    return Path(url2pathname(urlsplit(uri).path))
+
+
+def local_uri(uri: str) -> str:
+    """``uri`` with its path made absolute against this directory: a plain path becomes a file:
+    URI, a sqlite: database given relative (``sqlite:///m.db``, three slashes) absolute
+    (``sqlite:////DIR/m.db``); a server and a file: URI as given."""
+    if uri.lower().startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        return uri if path.startswith("/") else "sqlite:///" + str(Path(path).absolute())
+    if uri.lower().startswith(("file:", "http://", "https://")):
+        return uri
+    return Path(uri).absolute().as_uri()
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment in the store ``uri`` keeps its runs' artifacts: for a sqlite:
+    database the directory ``mlartifacts`` beside it (MLflow's default would be ./mlruns of
+    whichever directory the writer runs in); None (the store's own) for the others."""
+    if not uri.lower().startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).absolute().parent / "mlartifacts").as_uri()
+
+
+@contextlib.contextmanager
+def file_store_allowed():
+    """``MLFLOW_ALLOW_FILE_STORE=true`` while MLflow makes a store, the environment as it was
+    after (MLflow reads it when it makes a file store, and caches the store it made)."""
+    before = os.environ.get(ALLOW)
+    os.environ[ALLOW] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ALLOW, None)
+        else:
+            os.environ[ALLOW] = before
+
+
+def client_for(uri: str):
+    """MLflow's client for ``uri`` (a file: store made when missing, a server, a database);
+    importing mlflow here."""
+    if is_file_uri(uri):
+        file_path(uri).mkdir(parents=True, exist_ok=True)
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from mlflow.tracking import MlflowClient
+
+    with file_store_allowed():
+        return MlflowClient(tracking_uri=uri)
+
+
+def describe(e: BaseException) -> str:
+    """An MLflow failure in one line: its type and first line (an ImportError of mlflow also
+    says what to install)."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    text = f"{type(e).__name__}: {first}".rstrip(": ")
+    if isinstance(e, ImportError) and (e.name or "").startswith("mlflow"):
+        text += f" (mlflow is not installed where the ranks run: {INSTALL})"
+    return text
+
+
+# ------------------------------------------------------------------- what status says
+def summary(run_dir: str | Path) -> dict | None:
+    """What became of the run's tracking (mlflow.json), for `status --json` and `submit --wait
+    --json`; None for a run that does not track (or whose rank 0 has not started it yet)."""
+    record = read_record(RunDir(run_dir).mlflow)
+    if not record:
+        return None
+    keys = ("uri", "run_id", "experiment", "asked", "fell_back", "attempt", "state", "status",
+            "error")
+    return {k: record.get(k) for k in keys}
+
+
+def summary_line(run_dir: str | Path) -> str | None:
+    """The one line `status` and `submit --wait` print about MLflow: the run, its store and
+    status; where it fell back to and why; what lost it."""
+    s = summary(run_dir)
+    if s is None:
+        return None
+    parts = []
+    if s["run_id"]:
+        status = f" ({s['status']})" if s["state"] in ("ended", "lost") and s["status"] else ""
+        parts.append(f"run {s['run_id']}{status}, experiment {s['experiment']!r}, at {s['uri']}")
+    if s["fell_back"]:
+        parts.append(f"fell back to {s['uri']} ({s['fell_back']})")
+    if s["state"] == "lost":
+        parts.append(f"lost in attempt {s['attempt']}: {s['error']}")
+    return "MLflow: " + "; ".join(parts) if parts else None
+
+
+# ------------------------------------------------------------------- attempt end
+def mlflow_status(outcome: str, requeued: bool, slurm_ended: bool) -> str:
+    """The MLflow status of a run whose attempt ended as ``outcome`` (attempts.jsonl's) without
+    rank 0 closing it: KILLED for a stop (a preemption, the time limit, a signal it stopped on
+    without a checkpoint), for a failure hpcsuite requeues (the next attempt continues the
+    run) and for an end Slurm made (a cancel); FAILED for a failure that ends the job,
+    FINISHED for a completed attempt."""
+    if outcome == "completed":
+        return FINISHED
+    if outcome in ("preempted", "time_limit", "stopped") or requeued or slurm_ended:
+        return KILLED
+    return FAILED
+
+
+def end_attempt(job, run_dir: Path, out) -> None:
+    """`attempt end`, once the attempt is recorded, for a job that tracks: :func:`close_run`
+    with the attempt's record (attempts.jsonl) and what its first failing rank said."""
+    from ..errors import UserError
+    from .attempts import attempt_number, read_records, stop_signal
+
+    if job.train.tracking is None:
+        return
+    n = attempt_number()
+    try:
+        entry = [r for r in read_records(run_dir) if r["attempt"] == n][-1]
+    except (UserError, IndexError):
+        return          # no record of this attempt: nothing to say the run ended as
+    stop = stop_signal(run_dir, n)
+    slurm_ended = stop is not None and stop != job.train.preemption.signal
+    said = close_run(run_dir, n, entry["outcome"], bool(entry.get("requeued")), slurm_ended,
+                     failure_said(RunDir(run_dir).failed(n)))
+    if said:
+        out(said)
+
+
+def failure_said(marker: Path) -> str | None:
+    """A FAILED marker's word on the failure: the exception it raised, else its first
+    ``error:`` line, else its last line (None without a marker)."""
+    try:
+        lines = [l.strip() for l in marker.read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return None
+    raised = [l[len("raised: "):] for l in lines if l.startswith("raised: ")]
+    errors = [l[len("error: "):] for l in lines[2:] if l.startswith("error: ")]
+    return (raised or errors or lines[-1:] or [None])[0]
+
+
+def close_run(run_dir: Path, attempt: int, outcome: str, requeued: bool = False,
+              slurm_ended: bool = False, error: str | None = None) -> str | None:
+    """`attempt end`: the run rank 0 left open (it died, or its last points were not sent in
+    time) gets the attempt's outcome as its status and an ``hpcsuite.status`` tag; a run a
+    later attempt continues stays resumable (mlflow.json is kept, and that attempt sets it
+    RUNNING again). The line to print, or None when there was nothing to do."""
+    path = RunDir(run_dir).mlflow
+    record = read_record(path)
+    if not record.get("run_id") or not record.get("uri"):
+        return None
+    if record.get("state") == "ended" and record.get("attempt") == attempt:
+        return None               # rank 0 ended it
+    status = mlflow_status(outcome, requeued, slurm_ended)
+    tags = {"hpcsuite.status": outcome + (", requeued" if requeued else ""),
+            "hpcsuite.attempt": str(attempt)}
+    if error:
+        tags["hpcsuite.error"] = error[:TAG_CHARS]
+    run_id, uri = record["run_id"], record["uri"]
+    try:
+        unreachable = server_unreachable(uri)
+        if unreachable:
+            return f"hpcsuite: MLflow run {run_id} left as it was: {unreachable}"
+        client = client_for(uri)
+        from mlflow.entities import RunTag
+
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        client.set_terminated(run_id, status)
+    except Exception as e:  # noqa: BLE001 - the attempt's record matters more than MLflow's
+        return f"hpcsuite: MLflow run {run_id} left as it was: {describe(e)}"
+    lost = record.get("state") == "lost" and record.get("attempt") == attempt
+    update_record(path, status=status, closed_by="attempt end",
+                  **({} if lost else {"attempt": attempt, "state": "ended"}))  # a loss stays said
+    return f"hpcsuite: MLflow run {run_id} ended {status} (attempt {attempt} {outcome})"
+
+
+def server_unreachable(uri: str, seconds: float = 3.0) -> str | None:
+    """Why the tracking server ``uri`` names cannot be reached from here, or None (a file
+    store, a database, or a server that accepts a connection within ``seconds``)."""
+    import socket
+
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        return None
+    port = parts.port or (443 if scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), seconds).close()
+        return None
+    except OSError as e:
+        return (f"server {parts.hostname}:{port} not reachable from {socket.gethostname()} "
+                f"({e.strerror or e})")
+
+
+def add_plots(run_dir: Path, plots: list[Path]) -> str | None:
+    """`hpcsuite report`'s PNGs as artifacts (report/) of the run's MLflow run, when it has one
+    (its mlflow.json); the line to print, or None for a run without tracking."""
+    record = read_record(RunDir(run_dir).mlflow)
+    if not record.get("run_id") or not plots:
+        return None
+    try:
+        client = client_for(record["uri"])
+        for path in plots:
+            client.log_artifact(record["run_id"], str(path), "report")
+    except Exception as e:  # noqa: BLE001 - the plots are drawn; say why MLflow has none
+        return f"MLflow: plots not added to run {record['run_id']} ({describe(e)})"
+    return f"MLflow: {len(plots)} plots added to run {record['run_id']} at {record['uri']}"
