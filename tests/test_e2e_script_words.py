@@ -168,3 +168,17 @@ def test_the_upstream_keras_example_under_keras_3_points_to_the_docs(local_clust
     assert headline.endswith("; Horovod's TF2/Keras examples do not run under Keras 3 (Horovod "
                              "issue #4290): docs/user/your-code.md#keras-3 says what to change"), headline
     assert "docs/user/your-code.md#keras-3" in log
+
+
+def test_a_failed_preflight_is_named_in_the_headline(local_cluster, tmp_path):
+    _, env = local_cluster
+    (tmp_path / "slow.yaml").write_text(
+        "name: slow\nresources: {nodes: 2, tasks_per_node: 1, time: '00:05:00'}\n"
+        "preflight: {fabric: {min_busbw_gbps: 10000, size_mb: 4}}\n"
+        "train: {data: {samples: 512, shape: [16], classes: 4}, batch_size: 16, max_steps: 10}\n")
+    proc = run_cli("submit", "slow.yaml", "--wait", cwd=tmp_path, env=env, timeout=500)
+    job_id, log = _job_id(tmp_path, "slow")
+    assert proc.returncode == 2, proc.stdout + proc.stderr + log
+    headline = next(l for l in proc.stderr.splitlines() if l.startswith("error: "))
+    assert headline.startswith(f"error: job {job_id} ended FAILED: preflight.fabric: 1 of 1 node "
+                               "pair(s) below the 10000 GB/s busbw required: node1-node2 "), headline

@@ -163,6 +163,8 @@ def test_a_second_rank_does_not_say_above_and_writes_whole_lines(tmp_path):
 @pytest.mark.parametrize("message", [
     "Invalid keyword argument(s) in `compile()`: ({'experimental_run_tf_function'},)",
     "'Variable' object has no attribute 'ref'",
+    "in user code: File \"functions.py\", line 36, in broadcast_group * var.assign(x) "
+    "AttributeError: 'SymbolicTensor' object has no attribute 'assign'",
 ])
 def test_the_known_keras_3_errors_point_to_the_docs(tmp_path, message):
     from hpcsuite.runner.status import error_said, reported_error

@@ -9,8 +9,10 @@ KERAS_3 = ("Horovod's TF2/Keras examples do not run under Keras 3 (Horovod issue
 
 # (a piece of the exception's "Type: message" line, the hint)
 KNOWN = (
-    ("experimental_run_tf_function", KERAS_3),              # model.compile(...) of the examples
-    ("'Variable' object has no attribute 'ref'", KERAS_3),  # Keras 3 variables given to Horovod
+    ("experimental_run_tf_function", KERAS_3),                    # model.compile(...) of the examples
+    # Keras 3 variables given to Horovod: hvd.DistributedGradientTape, hvd.broadcast_variables
+    ("'Variable' object has no attribute 'ref'", KERAS_3),
+    ("'SymbolicTensor' object has no attribute 'assign'", KERAS_3),
 )
 
 

@@ -239,6 +239,7 @@ def horovod_initialised() -> bool:
 
 _PACKAGE = str(Path(__file__).resolve().parent.parent)
 _INSTALLED = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+_GENERATED = "__autograph_generated_file"     # TensorFlow's rewrite of a tf.function, in /tmp
 
 
 def user_frame(frames: list) -> str | None:
@@ -251,7 +252,8 @@ def user_place(places) -> str | None:
     """:func:`user_frame` of ``(file, line, function)`` places, innermost first (a
     traceback's, reversed)."""
     for name, lineno, function in places:
-        if name.startswith(_PACKAGE) or name.startswith(_INSTALLED) or name.startswith("<"):
+        if name.startswith(_PACKAGE) or name.startswith(_INSTALLED) or name.startswith("<") \
+                or os.path.basename(name).startswith(_GENERATED):
             continue
         try:
             shown = os.path.relpath(name)
