@@ -23,6 +23,10 @@ rule was evaluated (a window of at least 200 steps and 20 votes), the votes at w
     flock /tmp/e2e.lock .venv/bin/python bench/straggler_alarm.py --private --port 17817 \\
         [-n 10] [-k 2] [--budget 570]
 
+--script runs the same jobs in script mode (issue 42, point 8): the user's own Horovod loop
+(SCRIPT: the built-in model, synthetic data, hvd.DistributedOptimizer timed with
+run.time_allreduce), rank 1 sleeping before each step's forward on the slowed jobs.
+
 Uses the running local cluster (`hpcsuite cluster up`, SLURM_CONF), or a private one with
 --private. Prints one line per job and "balanced: 0 of 10 named a rank", "slowed: ...".
 """
@@ -96,18 +100,81 @@ train:
 """
 
 
-def submit(env: dict, work: Path, name: str, size: str, seed: int, delay: float | None) -> dict:
+SCRIPT = """import argparse
+import time
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from hpcsuite import api, models
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--kind")
+parser.add_argument("--shape")
+parser.add_argument("--samples", type=int)
+parser.add_argument("--delay", type=float)
+args = parser.parse_args()
+hvd.init()
+torch.set_num_threads(1)
+run = api.Run(hvd)
+shape = tuple(int(s) for s in args.shape.split(","))
+torch.manual_seed(run.job.train.seed)
+model = models.build(args.kind, "torch", shape, 10)
+rng = np.random.default_rng(run.job.train.seed)
+x = torch.from_numpy(rng.standard_normal((args.samples, *shape), dtype=np.float32))
+y = torch.from_numpy(rng.integers(0, 10, args.samples))
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+optimizer = run.time_allreduce(hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()))
+delay = args.delay if hvd.rank() == 1 else 0.0
+for batch in run.batches(args.samples):
+    ids = torch.from_numpy(batch.ids)
+    if delay:
+        time.sleep(delay)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x[ids]), y[ids])
+    loss.backward()
+    optimizer.step()
+    run.log(loss=float(loss))
+    if run.should_stop():
+        break
+run.finish(params=api.torch_state(model)["model"])
+"""
+
+SCRIPT_SPEC = """name: {name}
+resources: {{nodes: 2, tasks_per_node: 1, time: "00:08:00"}}
+train:
+  backend: torch
+  script: slowed.py
+  args: [--kind, {model}, --shape, "{shape}", --samples, "{samples}", --delay, "{delay:.6f}"]
+  batch_size: {batch}
+  epochs: 100000
+  max_steps: {steps}
+  monitor: {{tensorboard: true}}
+  seed: {seed}
+"""
+
+
+def submit(env: dict, work: Path, name: str, size: str, seed: int, delay: float | None,
+           script: bool = False) -> dict:
     """One job, waited for; its results.json and run directory (or an error)."""
     model, shape, batch, steps, samples = SIZES[size]
     work.mkdir(parents=True, exist_ok=True)
-    if delay is None:
+    if script:
+        (work / "slowed.py").write_text(SCRIPT)
+        (work / f"{name}.yaml").write_text(SCRIPT_SPEC.format(
+            name=name, model=model, shape=",".join(map(str, shape)), samples=samples,
+            delay=delay or 0.0, batch=batch, steps=steps, seed=seed))
+    elif delay is None:
         model_line, args = model, ""
     else:
         (work / "net.py").write_text(NET)
         model_line, args = "net.py:build", f"model_args: {{kind: {model}, delay: {delay:.6f}}}"
-    (work / f"{name}.yaml").write_text(SPEC.format(
-        name=name, model=model_line, model_args=args, samples=samples, shape=json.dumps(shape),
-        batch=batch, steps=steps, seed=seed))
+    if not script:
+        (work / f"{name}.yaml").write_text(SPEC.format(
+            name=name, model=model_line, model_args=args, samples=samples,
+            shape=json.dumps(shape), batch=batch, steps=steps, seed=seed))
     try:
         out = cli(env, work, "submit", f"{name}.yaml", "--wait", "--json", timeout=480)
     except subprocess.TimeoutExpired:
@@ -196,8 +263,8 @@ def describe(kind: str, i: int, size: str, r: dict) -> str:
 
 
 def run_one(env, base: Path, kind: str, i: int, size: str, seed: int,
-            delay: float | None = None) -> dict:
-    r = submit(env, base / f"{kind}{i}", f"{kind}{i}", size, seed, delay)
+            delay: float | None = None, script: bool = False) -> dict:
+    r = submit(env, base / f"{kind}{i}", f"{kind}{i}", size, seed, delay, script)
     if "error" not in r:
         try:
             r["margin"] = margin(own_points(r["run_dir"]))
@@ -242,6 +309,8 @@ def main(argv=None) -> int:
     ap.add_argument("--private", action="store_true", help="start a private cluster")
     ap.add_argument("--port", type=int, default=17817)
     ap.add_argument("--keep", action="store_true", help="keep the jobs' directories")
+    ap.add_argument("--script", action="store_true",
+                    help="script mode: the user's own Horovod loop (SCRIPT) instead of the managed one")
     Budget.add_argument(ap, 570, "jobs")
     args = ap.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -265,7 +334,8 @@ def main(argv=None) -> int:
                         continue
                     delay = frac * statistics.median(own)
                     extra = f", rank 1 +{100 * frac:.0f} %: sleeps {1e3 * delay:.2f} ms a step"
-                r = run_one(env, base, kind, i, size, args.seed + len(balanced) + len(slowed), delay)
+                r = run_one(env, base, kind, i, size, args.seed + len(balanced) + len(slowed),
+                            delay, args.script)
                 r["extra"] = extra
                 (balanced.append((size, r)) if frac is None else slowed.append((size, frac, r)))
                 print(describe(kind, i, size, r) + (f" ({r['note']})" if "note" in r else ""),
