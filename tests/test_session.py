@@ -144,7 +144,9 @@ def test_one_ranks_signal_stops_every_rank_at_the_same_step(tmp_path):
                 result = s.read_vote()
                 if result.stop:
                     assert s.policy.save_due(step, result.stop or result.save)
-                    return step, s.noticed_step, s.status()
+                    unsaved = s.status()       # stopped, and nothing saved at this step yet
+                    s.save(s.stop_reason, lambda: ({"model": {"w": np.zeros(2)}}, {}))
+                    return step, s.noticed_step, s.status(), unsaved
             if s.vote_due(step):
                 s.post_vote(step, s.metrics.step_times, 0, 1e-9, loss_sum=float(rank))  # every step
         return None
@@ -153,6 +155,7 @@ def test_one_ranks_signal_stops_every_rank_at_the_same_step(tmp_path):
     assert [g[0] for g in got] == [5, 5, 5, 5]
     assert [g[1] for g in got] == [None, None, 4, None]
     assert {g[2] for g in got} == {"preempted"}
+    assert {g[3] for g in got} == {"stopped"}     # never called a save before one is made
 
 
 def test_the_vote_agrees_on_the_smallest_interval_and_sums_the_loss(tmp_path):
@@ -228,9 +231,11 @@ def test_a_stopped_runs_results_say_how_it_stopped(tmp_path):
         return s.results(gathered, s.status()) if rank == 0 else s.status()
 
     r, other = on_ranks(2, body)
-    assert r.status == "preempted" and other == "preempted"
+    # Stopped at step 9 with nothing saved there (no checkpoint keys): never a "preempted" save.
+    assert r.status == "stopped" and other == "stopped"
     assert (r.stop["reason"], r.stop["signal"], r.stop["steps_after_notice"]) == ("preempted", "USR1", 2)
     assert r.stop["seconds_after_signal"] is not None and r.param_checksums == []
+    assert (r.stop["saved"], r.stop["checkpoint_step"]) == (False, None)
 
 
 def test_a_restore_on_another_number_of_ranks_says_what_a_step_now_means(tmp_path, caplog):

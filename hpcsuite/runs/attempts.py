@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from .attempt_words import slurm_stop_line, unsaved_line
 from .checkpoint_dir import OWNER, newest_checkpoint
 from .rundir import RunDir, RunRoot, failure_exit
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
@@ -215,8 +216,6 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     """After the launcher returned ``status``: record the outcome, requeue the job when the
     spec and the budget allow, release the checkpoint directory otherwise. Returns the exit
     status for the batch script."""
-    from .. import slurm
-
     run_dir = Path(run_dir)
     n = attempt_number()
     status = _job_status(run_dir, n, status)
@@ -230,33 +229,19 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     records = read_records(run_dir)
     failures = counts(records).failed + (outcome == "failed")
     requeue, why, extra = False, None, {}
-    if outcome == "completed" and (late := stop_signal(run_dir, n)):
-        # The signal came and the ranks ran on to the end: a script that never asks
-        # run.should_stop(), or a signal in the last step. Said, never silent.
-        extra["signal"] = late
-        out(f"hpcsuite: attempt {n} got SIG{late} and ran on to its end without stopping"
-            + (" (the script does not call run.should_stop() of hpcsuite.api, so it cannot "
-               "stop on it)" if job.train.script else ""))
+    if outcome in ("completed", UNSAVED):
+        requeue, why, extra = _without_a_save(run_dir, n, job, outcome, step, stop, slurm_ended,
+                                              out)
     if outcome in SAVED:
         what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
         if slurm_ended:
-            out(_slurm_stop_line(n, what, stop, step, marker.is_file()))
+            out(slurm_stop_line(n, what, stop, step, marker.is_file()))
         elif pre.requeue:
             requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {step}"
         else:
             out(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step {step}; not "
                 "requeued (train.preemption.requeue is off): submit the same spec again to resume")
     elif outcome == "failed":
-    elif outcome == UNSAVED:
-        newest = newest_checkpoint(checkpoint_root(job, run_dir)) \
-            if job.train.checkpoint.enabled else None
-        saved_at = newest[1].get("step") if newest else None
-        signal = stop or stop_signal(run_dir, n)
-        extra.update(checkpoint_step=saved_at, **({"signal": signal} if signal else {}))
-        out(_unsaved_line(n, signal, step, saved_at, bool(job.train.script)))
-        if pre.requeue and saved_at is not None and not slurm_ended:
-            requeue, why = True, (f"attempt {n} stopped at step {step}; it resumes from the "
-                                  f"checkpoint at step {saved_at}")
         if slurm_ended:     # a cancel that came before any save must stay cancelled
             out(f"hpcsuite: attempt {n} ended on SIG{stop} from Slurm before saving; not requeued by hpcsuite: Slurm decides")
         elif status == 2:
@@ -276,9 +261,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     if requeue:
         marker.unlink(missing_ok=True)
         out(f"hpcsuite: {why}; requeueing job {job_id}")
-        done = slurm.call(["scontrol", "requeue", job_id], check=False, timeout=60,
-                          env=dict(os.environ))
-        if done.returncode == 0:
+        if _requeue(job_id, out):
             return status
         said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
         if "pending execution" in said:   # Slurm requeued it itself (a node failed)
@@ -290,29 +273,47 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     return status
 
 
-def _slurm_stop_line(n: int, what: str, stop: str, step: int | None, saved: bool) -> str:
-    """What ``attempt end`` says when Slurm's own signal ended attempt ``n``."""
-    how = f"after saving a checkpoint at step {step}" if saved else \
-        (f"before it could save; its work is the checkpoint at step {step}"
-         if step is not None else "before it could save; it has no checkpoint")
-    return (f"hpcsuite: attempt {n} {what} on SIG{stop} from Slurm (a requeue, a preemption or "
-            f"a cancel) {how}; Slurm decides whether it runs again")
+def _requeue(job_id: str, out) -> bool:
+    """`scontrol requeue JOB`; whether Slurm took it (what it said otherwise)."""
+    from .. import slurm
+
+    done = slurm.call(["scontrol", "requeue", job_id], check=False, timeout=60,
+                      env=dict(os.environ))
+    if done.returncode == 0:
+        return True
+    said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+    if "pending execution" in said:   # Slurm requeued it itself (a node failed)
+        out(f"hpcsuite: job {job_id} is already requeued by Slurm")
+    else:
+        out(f"hpcsuite: scontrol requeue {job_id} failed: {said}")
+    return False
 
 
+def _without_a_save(run_dir: Path, n: int, job, outcome: str, step: int | None,
+                    stop: str | None, slurm_ended: bool, out) -> tuple[bool, str | None, dict]:
+    """Attempt ``n`` got a stop signal and saved nothing on it: it stopped without a
+    checkpoint at its step (UNSAVED), or ran on to its end (``completed``: a script that never
+    asks run.should_stop(), or a signal in the last step). Said, never silent; (requeue, why,
+    what the record adds)."""
+    signal = stop or stop_signal(run_dir, n)
+    if outcome == "completed":
+        if not signal:
+            return False, None, {}
+        out(f"hpcsuite: attempt {n} got SIG{signal} and ran on to its end without stopping"
+            + (" (the script does not call run.should_stop() of hpcsuite.api, so it cannot "
+               "stop on it)" if job.train.script else ""))
+        return False, None, {"signal": signal}
+    newest = newest_checkpoint(checkpoint_root(job, run_dir)) \
+        if job.train.checkpoint.enabled else None
+    saved_at = newest[1].get("step") if newest else None
+    out(unsaved_line(n, signal, step, saved_at, bool(job.train.script)))
+    extra = {"checkpoint_step": saved_at, **({"signal": signal} if signal else {})}
+    if job.train.preemption.requeue and saved_at is not None and not slurm_ended:
 STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
 
-def _unsaved_line(n: int, signal: str | None, step: int | None, saved_at: int | None,
-                  script: bool) -> str:
-    """What ``attempt end`` says of a stop with no checkpoint at its step."""
-    at = (f" on SIG{signal}" if signal else " before the time limit") + \
-        (f" at step {step}" if step is not None else "")
-    if saved_at is not None:
-        lost = f"its work since the checkpoint at step {saved_at} is lost"
-    elif script:
-        lost = "no checkpoint exists (the script saved none through run.save())"
-    else:
-        lost = "no checkpoint exists (train.checkpoint is off): its training is lost"
-    return f"hpcsuite: attempt {n} stopped{at} without saving a checkpoint; {lost}"
+        return True, (f"attempt {n} stopped at step {step}; it resumes from the checkpoint at "
+                      f"step {saved_at}"), extra
+    return False, None, extra
 
 
 
