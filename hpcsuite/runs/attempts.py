@@ -35,11 +35,11 @@ from .rundir import RunDir, RunRoot, failure_exit
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
 SAVED = ("preempted", "time_limit")    # outcomes (and results.json statuses) that saved their work
-FAILURES = ("failed", "lost")          # outcomes that count against max_failures
 # A stop (the warning signal, a preemption, the time limit) with no checkpoint at the step the
 # ranks stopped at: no checkpoint keys, or a script that did not save on run.should_stop().
 # Recorded as what it is, never as a save.
 UNSAVED = "stopped"
+FAILURES = ("failed", "lost")          # outcomes that count against max_failures
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
         "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
@@ -198,9 +198,9 @@ def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, 
         words = marker.read_text().split()
         step = int(words[0]) if words and words[0].isdigit() else None
         reason = words[1] if len(words) > 1 else "signal"
-        return ("time_limit" if reason == "time_limit" else "preempted"), step, stop
         if reason == "unsaved":
             return UNSAVED, step, stop
+        return ("time_limit" if reason == "time_limit" else "preempted"), step, stop
     if stop and stop != job.train.preemption.signal:
         # Slurm's own TERM (a requeue, a preemption without the warning signal, a cancel) and
         # no marker: Slurm killed the ranks before rank 0 had saved (mpirun took the TERM too
@@ -263,11 +263,6 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
         out(f"hpcsuite: {why}; requeueing job {job_id}")
         if _requeue(job_id, out):
             return status
-        said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-        if "pending execution" in said:   # Slurm requeued it itself (a node failed)
-            out(f"hpcsuite: job {job_id} is already requeued by Slurm")
-        else:
-            out(f"hpcsuite: scontrol requeue {job_id} failed: {said}")
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
@@ -309,12 +304,12 @@ def _without_a_save(run_dir: Path, n: int, job, outcome: str, step: int | None,
     out(unsaved_line(n, signal, step, saved_at, bool(job.train.script)))
     extra = {"checkpoint_step": saved_at, **({"signal": signal} if signal else {})}
     if job.train.preemption.requeue and saved_at is not None and not slurm_ended:
-STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
-
         return True, (f"attempt {n} stopped at step {step}; it resumes from the checkpoint at "
                       f"step {saved_at}"), extra
     return False, None, extra
 
+
+STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
 
 
 def _job_status(run_dir: Path, n: int, status: int) -> int:
