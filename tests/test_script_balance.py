@@ -15,6 +15,7 @@ from test_tensorboard import read
 
 from hpcsuite import api
 from hpcsuite.errors import UserError
+from hpcsuite.runs.report import slow_rank_findings
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runs.stragglers import MIN_VOTES, WINDOW_STEPS
 from hpcsuite.runtime.signals import StopFlag
@@ -99,19 +100,23 @@ def test_tensorboard_and_prometheus_show_it(slowed):
 
 
 def test_balanced_ranks_are_measured_and_nobody_is_named(tmp_path):
-    results, progress, _ = train(tmp_path, 0.0)
+    results, progress, run_dir = train(tmp_path, 0.0)
     balance = results["rank_balance"]
     assert balance["slow_rank"] is None and progress["slow_rank"] is None, balance
+    assert slow_rank_findings(run_dir) == []
     assert all(t is not None and t > 0 for t in balance["own_s"] + balance["wait_s"])
 
 
 def test_step_time_alone_names_nobody_and_says_nothing_was_measured(tmp_path):
     # Without the allreduce timed, every rank's step is the same (the fast one waits inside
     # it): the rule gets no own time, rather than a step time that would hide the slow rank.
-    results, progress, _ = train(tmp_path, 0.004, timed=False)
+    results, progress, run_dir = train(tmp_path, 0.004, timed=False)
     balance = results["rank_balance"]
     assert balance["slow_rank"] is None and progress["slow_rank"] is None
     assert balance["own_s"] == [None, None] and balance["wait_s"] == [None, None]
+    assert slow_rank_findings(run_dir) == [
+        "slow rank: not watched: the script's allreduce was not timed, and a step alone is the "
+        "same on every rank (run.time_allreduce(optimizer) times it)"]
 
 
 def one_rank(tmp_path):

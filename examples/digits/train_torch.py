@@ -43,6 +43,7 @@ def main() -> None:
     else:                                         # a fresh start: rank 0's weights everywhere
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    optimizer = run.time_allreduce(optimizer)     # each rank's wait apart: the slow rank named
 
     for batch in run.batches(len(train)):         # this rank's share of each epoch
         x, y = train[batch.ids]

@@ -56,9 +56,14 @@ def slow_rank_findings(run_dir: Path) -> list[str]:
     (:mod:`.stragglers`), then each rank's own time and wait per step; nothing otherwise."""
     from .stragglers import line
 
-    balance = load(run_dir).rank_balance or {}
+    results = load(run_dir)
+    balance = results.rank_balance or {}
     slow = balance.get("slow_rank")
     if not isinstance(slow, dict) or slow.get("rank") is None:
+        own = balance.get("own_s") or []
+        if results.mode == "script" and len(own) > 1 and all(t is None for t in own):
+            return ["slow rank: not watched: the script's allreduce was not timed, and a step "
+                    "alone is the same on every rank (run.time_allreduce(optimizer) times it)"]
         return []
     out = [f"slow rank: {line(slow)}"]
     own, wait = balance.get("own_s") or [], balance.get("wait_s") or []
