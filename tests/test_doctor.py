@@ -35,40 +35,53 @@ def test_parse_mpi_list_includes_pmix_versions():
     assert doctor.parse_mpi_list(text) == {"pmix", "none", "cray_shasta", "pmi2", "pmix_v4", "pmix_v5"}
 
 
+CPU_GPU = {"mpi": 1, "gloo": 1, "nccl": 0, "ddl": 0, "ccl": 0, "cuda": 0, "rocm": 0}
+
+
+def build(**kw):
+    """horovod_build's answer for this machine's build (CHECK_BUILD's marks), changed by kw."""
+    return {"frameworks": {"TensorFlow", "PyTorch"}, "controllers": {"MPI", "Gloo"},
+            "operations": {"MPI", "Gloo"}, "missing": {}, "gpu": CPU_GPU, **kw}
+
+
 def test_gpu_partitions_need_a_horovod_built_with_nccl():
     gpu = SiteProfile(partitions={"gpu": Partition(gpus_per_node=4)})
-    check = doctor.check_horovod((0, CHECK_BUILD), gpu)
+    check = doctor.check_horovod(build(), gpu)
     assert check.status == doctor.FAIL and "no NCCL" in check.detail and "NCCL" in check.hint
-    with_nccl = CHECK_BUILD.replace("[ ] NCCL", "[X] NCCL")
-    assert doctor.check_horovod((0, with_nccl), gpu).status == doctor.PASS
-    assert doctor.check_horovod((0, CHECK_BUILD), SiteProfile()).status == doctor.PASS
-    no_mpi = CHECK_BUILD.replace("    [X] MPI\n    [X] Gloo\n\nAvailable Tensor", "    [ ] MPI\n"
-                                 "    [X] Gloo\n\nAvailable Tensor")
-    assert doctor.check_horovod((0, no_mpi), SiteProfile()).status == doctor.FAIL
-    assert doctor.check_horovod((127, "horovodrun: command not found"), SiteProfile()).status == doctor.FAIL
+    assert doctor.check_horovod(build(operations={"MPI", "Gloo", "NCCL"}), gpu).status == doctor.PASS
+    assert doctor.check_horovod(build(), SiteProfile()).status == doctor.PASS
+    assert doctor.check_horovod(build(controllers={"Gloo"}), SiteProfile()).status == doctor.FAIL
+    missing = doctor.check_horovod({"error": "horovod.torch: ModuleNotFoundError: No module "
+                                    "named 'horovod'"}, SiteProfile())
+    assert missing.status == doctor.FAIL and "install Horovod" in missing.hint
+    no_tf = doctor.check_horovod(build(frameworks={"PyTorch"}, missing={
+        "TensorFlow": "ModuleNotFoundError: No module named 'tensorflow'"}), SiteProfile())
+    assert no_tf.status == doctor.WARN and no_tf.detail.endswith(
+        "; no TensorFlow support (ModuleNotFoundError: No module named 'tensorflow')")
 
 
 def test_doctor_says_whether_horovod_has_nccl_and_cuda():
     """From horovod.torch's nccl_built() (NCCL_VERSION_CODE: 22803 is 2.28.3, 2804 is 2.8.4
     before NCCL 2.9) and cuda_built(), asked in a subprocess on the real machine."""
-    with_nccl = CHECK_BUILD.replace("[ ] NCCL", "[X] NCCL")
-    check = doctor.check_horovod((0, with_nccl), SiteProfile(),
-                                 {"nccl": 22803, "cuda": True, "rocm": False})
+    check = doctor.check_horovod(build(operations={"MPI", "Gloo", "NCCL"},
+                                       gpu={**CPU_GPU, "nccl": 22803, "cuda": 1}), SiteProfile())
     assert check.status == doctor.PASS and check.detail.endswith("; GPU build: CUDA, NCCL 2.28.3")
-    cpu = doctor.check_horovod((0, CHECK_BUILD), SiteProfile(), {"nccl": 0, "cuda": False, "rocm": False})
-    assert cpu.detail.endswith("; GPU build: no CUDA, no NCCL")
+    assert doctor.check_horovod(build(), SiteProfile()).detail.endswith(
+        "; GPU build: no CUDA, no NCCL")
     assert doctor.describe_gpu_build({"nccl": 2804, "cuda": True}) == "GPU build: CUDA, NCCL 2.8.4"
     assert doctor.describe_gpu_build({"error": "ModuleNotFoundError: No module named 'torch'"}) \
         == "GPU build not known (horovod.torch: ModuleNotFoundError: No module named 'torch')"
-    assert "GPU build" not in doctor.check_horovod((0, CHECK_BUILD), SiteProfile()).detail
 
 
-def test_the_gpu_build_probe_of_a_python_without_horovod(tmp_path):
+def test_horovods_build_from_a_python_without_horovod(tmp_path):
+    """The probe runs the site's python: one that cannot import Horovod is one error naming
+    each framework module (the real build is asked in test_e2e_doctor)."""
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'horovod'\" >&2\nexit 1\n")
     python.chmod(0o755)
-    assert doctor.horovod_gpu_build(str(python)) == {
-        "error": "ModuleNotFoundError: No module named 'horovod'"}
+    assert doctor.horovod_build(str(python)) == {
+        "error": "horovod.torch: ModuleNotFoundError: No module named 'horovod'; "
+                 "horovod.tensorflow: ModuleNotFoundError: No module named 'horovod'"}
 
 
 def test_network_names_must_exist(tmp_path):
@@ -99,9 +112,8 @@ def test_report_marks_each_check():
 
 
 def test_the_slow_checks_run_side_by_side_and_doctor_says_what_it_waits_for(monkeypatch):
-    """horovodrun --check-build, the GPU build probe and the compute node's srun each take
-    seconds (they import frameworks): they overlap, and progress names them as they start
-    and end. The subprocesses are replaced by sleeps here; test_e2e_doctor runs the real ones."""
+    """Horovod's build and the compute node's srun each take seconds (they import
+    frameworks): they overlap, and progress names them as they start and end. The subprocesses are replaced by sleeps here; test_e2e_doctor runs the real ones."""
     import time
 
     quick = doctor.Check("x", doctor.PASS, "ok")
@@ -116,17 +128,16 @@ def test_the_slow_checks_run_side_by_side_and_doctor_says_what_it_waits_for(monk
             return answer
         return run
 
-    monkeypatch.setattr(doctor, "horovod_build", slow((0, CHECK_BUILD)))
-    monkeypatch.setattr(doctor, "horovod_gpu_build", slow({"nccl": 0, "cuda": False, "rocm": False}))
+    monkeypatch.setattr(doctor, "horovod_build", slow(build()))
     monkeypatch.setattr(doctor, "check_compute", slow(doctor.Check("compute", doctor.PASS, "probe")))
     said = []
     started = time.monotonic()
     checks = doctor.run_checks(SiteProfile(), progress=said.append)
     elapsed = time.monotonic() - started
-    assert elapsed < 1.5, elapsed                     # three 0.6 s waits at once, not 1.8 s
+    assert elapsed < 1.0, elapsed                     # two 0.6 s waits at once, not 1.2 s
     assert [c.name for c in checks][-2:] == ["fabric", "compute"], [c.name for c in checks]
     assert checks[4].name == "horovod" and "GPU build: no CUDA, no NCCL" in checks[4].detail
-    assert said[0].startswith("waiting for horovodrun --check-build") and "srun" in said[0]
-    assert [s.split(":")[0] for s in said[1:]] == ["horovod", "gpu build", "compute"], said
+    assert said[0].startswith("waiting for Horovod's build") and "srun" in said[0]
+    assert [s.split(":")[0] for s in said[1:]] == ["horovod", "compute"], said
     without = doctor.run_checks(SiteProfile(), compute=False, progress=said.append)
     assert "compute" not in [c.name for c in without]

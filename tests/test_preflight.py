@@ -327,8 +327,8 @@ def test_the_local_clusters_profile_names_its_fabric_and_its_nodes(tmp_path, mon
         fabric = data.pop("fabric")
         assert fabric["source"].startswith("nominal: TCP over loopback")
         line = check_fabric(profile(fabric=fabric)).detail
-        assert "(nominal: TCP over loopback" in line and "site asks 0.8 GB/s" in line, line
-    # `preflight: {fabric: {}}` (min_busbw_gbps: site) resolves against it: 80 % of 1 GB/s.
+        assert "(nominal: TCP over loopback" in line and "site asks 0.2 GB/s" in line, line
+    # `preflight: {fabric: {}}` (min_busbw_gbps: site) resolves against it: 80 % of 0.25 GB/s.
     from hpcsuite.submit.config import resolve
     from hpcsuite.submit.preflight import required_busbw_gbps
 
@@ -338,7 +338,7 @@ def test_the_local_clusters_profile_names_its_fabric_and_its_nodes(tmp_path, mon
     (tmp_path / "job.yaml").write_text("name: j\nresources: {nodes: 2}\npreflight: {fabric: {}}\n")
     r = resolve(str(tmp_path / "job.yaml"), str(tmp_path / "local.yaml"))
     assert r.job.resources.partition == "debug"
-    assert required_busbw_gbps(r.job, r.profile) == pytest.approx(0.8)
+    assert required_busbw_gbps(r.job, r.profile) == pytest.approx(0.2)
 
 
 def test_bench_allreduce_sets_its_mpi_busbw_beside_the_preflight_bar(tmp_path, monkeypatch):

@@ -336,8 +336,9 @@ def doctor(spec, profile_path, as_json, no_compute):
     accounting  sacct answers (slurmdbd): finished jobs stay findable (warns without)
     pmi         srun --mpi=list has the profile's mpi.srun_mpi
     mpi         mpirun is OpenMPI (its version)
-    horovod     horovodrun --check-build: frameworks, MPI controller, NCCL where the
-                profile has GPU partitions
+    horovod     Horovod's build as horovodrun --check-build marks it (asked of
+                horovod.torch and horovod.tensorflow, seconds instead of check-build's
+                ~35 s): frameworks, MPI controller, NCCL where the profile has GPU partitions
     infiniband  devices, against the profile's pml
     network     interfaces named by NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES
                 or the profile's btl/oob_tcp_if_include exist

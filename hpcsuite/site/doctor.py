@@ -102,33 +102,55 @@ def check_mpi() -> Check:
     return Check("mpi", PASS, first)
 
 
-def horovod_build(python: str) -> tuple[int, str]:
-    runner = Path(python).parent / "horovodrun"
-    argv = [str(runner), "--check-build"] if runner.exists() else \
-        [python, "-c", "import sys; from horovod.runner.launch import run_commandline; "
-                       "sys.argv = ['horovodrun', '--check-build']; run_commandline()"]
-    return _run(argv, timeout=180, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+# What Horovod was built with, as `horovodrun --check-build` marks it, asked of each framework's
+# Horovod module in a subprocess of its own, the two side by side: check-build asks each question
+# in a subprocess of its own (36 s on the 2-core machine), this imports each framework once. No
+# hvd.init() is needed; nccl_built() is NCCL_VERSION_CODE (2.28.3: 22803) or 0.
+BUILD_PROBE = """
+import json, sys
+try:
+    hvd = __import__("horovod." + sys.argv[1], fromlist=["init"])
+    out = {q: int(getattr(hvd, q + "_built")() or 0)
+           for q in ("mpi", "gloo", "nccl", "ddl", "ccl", "cuda", "rocm")}
+except Exception as e:
+    out = {"error": type(e).__name__ + ": " + str(e)[:160]}
+print("HPCSUITE_BUILD=" + json.dumps(out))
+"""
+FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
+CONTROLLERS = {"mpi": "MPI", "gloo": "Gloo"}
+OPERATIONS = {"nccl": "NCCL", "ddl": "DDL", "ccl": "CCL", "mpi": "MPI", "gloo": "Gloo"}
 
 
-# Horovod's torch extension says what it was built with; no hvd.init() needed. nccl_built() is
-# NCCL_VERSION_CODE (2.28.3: 22803) or 0; check-build's NCCL mark cannot say which CUDA/NCCL.
-GPU_PROBE = ("import json, horovod.torch as hvd; print('HPCSUITE_GPU_BUILD=' + json.dumps({"
-             "'nccl': int(hvd.nccl_built()), 'cuda': bool(hvd.cuda_built()), "
-             "'rocm': bool(hvd.rocm_built())}))")
-
-
-def horovod_gpu_build(python: str) -> dict:
-    """{nccl: version code or 0, cuda, rocm} of the installed Horovod, asked in a subprocess
-    (it imports torch), or {error: why not}."""
-    code, out = _run([python, "-c", GPU_PROBE], timeout=180, env=dict(os.environ))
-    line = next((l for l in out.splitlines() if l.startswith("HPCSUITE_GPU_BUILD=")), None)
-    if code != 0 or line is None:
+def framework_build(python: str, module: str) -> dict:
+    """horovod.<module>'s answers ({mpi, gloo, nccl, ddl, ccl, cuda, rocm}), or {error: why}."""
+    code, out = _run([python, "-c", BUILD_PROBE, module], timeout=180,
+                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    line = next((l for l in out.splitlines() if l.startswith("HPCSUITE_BUILD=")), None)
+    if line is None:
         return {"error": (out.splitlines() or [f"exit {code}"])[-1][:200]}
     return json.loads(line.split("=", 1)[1])
 
 
+def horovod_build(python: str) -> dict:
+    """{frameworks, controllers, operations} (sets of check-build's names), ``missing`` (a
+    framework's import error) and ``gpu`` (horovod.torch's answers: nccl, cuda, rocm, or its
+    error); {error} when no framework's Horovod module imports."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(FRAMEWORKS)) as pool:
+        answers = dict(zip(FRAMEWORKS, pool.map(lambda m: framework_build(python, m), FRAMEWORKS)))
+    built = [a for a in answers.values() if "error" not in a]
+    if not built:
+        return {"error": "; ".join(f"horovod.{m}: {a['error']}" for m, a in answers.items())}
+    return {"frameworks": {FRAMEWORKS[m] for m, a in answers.items() if "error" not in a},
+            "controllers": {name for q, name in CONTROLLERS.items() if any(a[q] for a in built)},
+            "operations": {name for q, name in OPERATIONS.items() if any(a[q] for a in built)},
+            "missing": {FRAMEWORKS[m]: a["error"] for m, a in answers.items() if "error" in a},
+            "gpu": answers["torch"]}
+
+
 def describe_gpu_build(gpu: dict) -> str:
-    """'GPU build: CUDA, NCCL 2.28.3' from :func:`horovod_gpu_build`'s answer."""
+    """'GPU build: CUDA, NCCL 2.28.3' from horovod.torch's answers (:func:`horovod_build`)."""
     if "error" in gpu:
         return f"GPU build not known (horovod.torch: {gpu['error']})"
     code = int(gpu.get("nccl") or 0)
@@ -138,19 +160,15 @@ def describe_gpu_build(gpu: dict) -> str:
     return f"GPU build: {device}, {nccl}"
 
 
-def check_horovod(build: tuple[int, str], profile: SiteProfile, gpu: dict | None = None) -> Check:
-    """``gpu``: :func:`horovod_gpu_build`'s answer, named in the detail (None: not asked)."""
-    code, out = build
-    if code != 0:
-        return Check("horovod", FAIL, out.splitlines()[-1] if out else f"exit {code}",
+def check_horovod(b: dict, profile: SiteProfile) -> Check:
+    """:func:`horovod_build`'s answer against the profile (GPU partitions need NCCL)."""
+    if "error" in b:
+        return Check("horovod", FAIL, b["error"],
                      "install Horovod with scripts/setup.sh (or load the site's module)")
-    b = parse_check_build(out)
     detail = (f"frameworks {', '.join(sorted(b['frameworks'])) or 'none'}; controllers "
               f"{', '.join(sorted(b['controllers'])) or 'none'}; operations "
-              f"{', '.join(sorted(b['operations'])) or 'none'}")
-    if gpu is not None:
-        detail += f"; {describe_gpu_build(gpu)}"
-    missing = {"PyTorch", "TensorFlow"} - b["frameworks"]
+              f"{', '.join(sorted(b['operations'])) or 'none'}; {describe_gpu_build(b['gpu'])}")
+    missing = b.get("missing") or {}
     if "MPI" not in b["controllers"]:
         return Check("horovod", FAIL, detail, "rebuild Horovod with HOROVOD_WITH_MPI=1 "
                      "(scripts/setup.sh does)")
@@ -161,8 +179,9 @@ def check_horovod(build: tuple[int, str], profile: SiteProfile, gpu: dict | None
                      "this Horovod has no NCCL", "rebuild Horovod on a node with CUDA: "
                      "scripts/setup.sh builds it with HOROVOD_GPU_OPERATIONS=NCCL there")
     if missing:
-        return Check("horovod", WARN, detail, f"no {', '.join(sorted(missing))} support: jobs "
-                     "with that backend fail at import")
+        return Check("horovod", WARN, f"{detail}; " + "; ".join(
+            f"no {name} support ({why})" for name, why in sorted(missing.items())),
+            "jobs with that backend fail at import")
     return Check("horovod", PASS, detail)
 
 
@@ -373,8 +392,7 @@ def check_container(profile: SiteProfile) -> Check | None:
 # The slow checks, each a subprocess that imports frameworks (seconds each on a login node):
 # what `doctor` says it is waiting for while they run side by side.
 WAITS = {
-    "horovod": "horovodrun --check-build (it imports each framework Horovod was built for)",
-    "gpu build": "horovod.torch's GPU build (imports torch)",
+    "horovod": "Horovod's build (horovod.torch and horovod.tensorflow, each importing its framework)",
     "compute": "one srun on a compute node (Python, numpy, torch, TensorFlow, Horovod there)",
 }
 
@@ -392,7 +410,7 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     env = {**os.environ, **(env or {})}
     started = time.monotonic()
     slurm_check = check_slurm(profile)
-    slow = {"horovod": lambda: horovod_build(python), "gpu build": lambda: horovod_gpu_build(python)}
+    slow = {"horovod": lambda: horovod_build(python)}
     if compute and slurm_check.status != FAIL:
         slow["compute"] = lambda: check_compute(python, partition)
     with ThreadPoolExecutor(max_workers=len(slow)) as pool:
@@ -403,7 +421,7 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
         for name, future in futures.items():
             done[name] = future.result()
             say(f"{name}: done after {time.monotonic() - started:.0f} s")
-    checks += [check_horovod(done["horovod"], profile, done["gpu build"]),
+    checks += [check_horovod(done["horovod"], profile),
                check_infiniband(profile), check_network(env, profile), check_gpus(profile),
                check_fabric(profile)]
     checks += [c for c in (check_container(profile),) if c is not None]

@@ -1,5 +1,6 @@
-"""Parsers of what `hpcsuite doctor` asks (sinfo, srun --mpi=list, horovodrun --check-build, an
-interface list): small pure functions, tested on recorded output."""
+"""Parsers of what `hpcsuite doctor` asks (sinfo, srun --mpi=list, an interface list) and of
+``horovodrun --check-build`` (a study bundle made before doctor asked Horovod's modules
+directly records its text): small pure functions, tested on recorded output."""
 
 from __future__ import annotations
 

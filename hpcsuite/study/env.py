@@ -1,8 +1,9 @@
 """What a study's results depend on: the versions of the software, recorded in its bundle.
 
 Package versions come from their metadata (no framework is imported). The tools' own answers
-(``horovodrun --check-build``, ``mpirun --version``, ``sbatch --version``) take seconds to
-minutes (``--check-build`` imports every framework), so each answer is cached per
+(Horovod's build as ``horovodrun --check-build`` marks it, asked of horovod.torch and
+horovod.tensorflow by ``doctor.horovod_build``; ``mpirun --version``; ``sbatch --version``) take
+up to seconds (the build imports each framework), so each answer is cached per
 installation: the key is what the answer depends on (the Python, the packages' versions, the
 mtimes of Horovod's files and of the tools' executables), so a rebuilt Horovod or an upgraded
 MPI is asked again and nothing else is. A tool that fails or does not answer in time records
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # Tools' answers that are cached per installation; the rest of the record is read each time.
 TOOLS = ("horovod_build", "mpi", "slurm")
-# The ones that answer in well under a second; --check-build imports every framework (30-40 s
+# The ones that answer in well under a second; Horovod's build imports every framework (~7 s
 # on the local cluster's 2 cores), so a dry run leaves it to the first real run.
 QUICK = ("mpi", "slurm")
 CACHE_FORMAT = 1
@@ -129,17 +130,16 @@ def _first_line(argv: list[str], timeout: float) -> str | dict:
 def _horovod_build() -> dict:
     """What this Horovod was built with, as ``doctor`` reads it: {frameworks, controllers,
     operations} (sorted lists), or {"error": why}."""
-    from ..site.doctor import horovod_build, parse_check_build
+    from ..site.doctor import horovod_build
 
-    code, out = horovod_build(sys.executable)
-    if code != 0:
-        last = out.strip().splitlines()[-1] if out.strip() else "no output"
-        return {"error": f"horovodrun --check-build exit {code}: {last}"}
-    return {k: sorted(v) for k, v in parse_check_build(out).items()}
+    build = horovod_build(sys.executable)
+    if "error" in build:
+        return {"error": build["error"]}
+    return {k: sorted(build[k]) for k in ("frameworks", "controllers", "operations")}
 
 
 def ask_tools(names: tuple[str, ...] | list[str], horovod: bool) -> dict:
-    """The tools' answers, asked side by side (the slowest, --check-build, sets the time)."""
+    """The tools' answers, asked side by side (the slowest, Horovod's build, sets the time)."""
     askers: dict[str, Callable[[], object]] = {
         "horovod_build": (_horovod_build if horovod else lambda: None),
         "mpi": lambda: _first_line(["mpirun", "--version"], 60),
