@@ -62,11 +62,11 @@ def alone_line(words: list[dict]) -> str | None:
     if not lonely:
         return None
     ranks = max(w.get("ranks") or 1 for w in words)
-    who = f"all {ranks} ranks" if len(lonely) == ranks else \
-        ("rank " if len(lonely) == 1 else "ranks ") + ", ".join(str(r) for r in lonely)
-    return (f"warning: {who} of the {ranks} the launcher started never joined a Horovod world "
-            "(the script never called hvd.init()): each trained alone as a world of one, "
-            "not one distributed run")
+    who = f"none of the {ranks} ranks joined" if len(lonely) == ranks else \
+        ("rank " if len(lonely) == 1 else "ranks ") + ", ".join(str(r) for r in lonely) + \
+        f" of {ranks} never joined"
+    return (f"warning: {who} a Horovod world (the script never called hvd.init()): each "
+            "trained alone as a world of one, not one distributed run")
 
 
 def lines(words: list[dict], job_id: str, results: bool, completed: bool = True) -> list[str]:
