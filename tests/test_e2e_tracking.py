@@ -318,7 +318,6 @@ def test_a_failed_jobs_run_ends_failed_with_the_error(local_cluster, tmp_path):
     assert run.info.status == "FAILED" and run.info.end_time
     assert run.data.tags["hpcsuite.status"] == "failed"
     assert "RuntimeError: boom at step" in run.data.tags["hpcsuite.error"]
-    assert client.get_metric_history(run.info.run_id, "loss")
     log = (run_dir.parent / f"slurm-{job_id}.out").read_text()
     assert f"hpcsuite: MLflow run {run.info.run_id} ended FAILED (attempt 0 failed)" in log
     said = f"MLflow: run {run.info.run_id} (FAILED), experiment 'boom'"

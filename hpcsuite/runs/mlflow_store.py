@@ -28,8 +28,10 @@ from .rundir import RunDir
 
 ALLOW = "MLFLOW_ALLOW_FILE_STORE"
 # Asked of MLflow's HTTP client unless the environment says otherwise: a slow server costs
-# the caller tens of seconds at most, not MLflow's minutes of retries.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+# the caller tens of seconds at most, not MLflow's minutes of retries; and no "View run ... at"
+# line on stdout when a run on a server ends (`tracking sync --json` prints JSON alone there).
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 INSTALL = "pip install 'hpcsuite[tracking]'"
 # attempt end's outcome -> the MLflow status of a run rank 0 left open
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
