@@ -15,7 +15,7 @@ The moments cycle through
   after-resume  as soon as the ranks report the resume, in its first steps
 With --unsaved N, N more jobs ask Slurm for the warning signal with nothing to save (no
 checkpoint keys) and get it once, at random in training or at startup (as soon as the batch
-script runs, before any rank exists): such a trial is clean when the job is not killed by the
+script has made the run directory, before any rank exists): such a trial is clean when the job is not killed by the
 signal (COMPLETED), the attempt is recorded as `stopped` at the step results.json ends at, with
 no checkpoint, and neither results.json nor `status` claims a save.
 The requeued job is started as soon as both nodes are idle again (Slurm otherwise holds a
@@ -278,7 +278,11 @@ def unsaved_trial(env: dict, cluster, work: Path, seed: int, backend: str = "tor
     log = work / "runs" / "trial" / f"slurm-{job_id}.out"
     moment = ("random", "startup")[seed % 2]
     if moment == "startup":
-        hit = wait_until(lambda: log.is_file(), 300, env, cluster, job_id, work, poll=0.005)
+        # The run directory is made after the template's trap: the batch script runs and no
+        # rank exists yet. (Before its first lines no shell can catch the signal: bash's
+        # default action ends it, exit 0:10, which status names.)
+        run_dir = work / "runs" / "trial" / job_id
+        hit = wait_until(lambda: run_dir.is_dir(), 300, env, cluster, job_id, work, poll=0.005)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, capture_output=True)
         what = "startup (before the ranks)"
     else:

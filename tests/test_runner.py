@@ -186,3 +186,11 @@ def test_an_input_error_leads_with_the_failed_marker_not_the_logs_first_error_li
     err = runner.wait("9", str(run_dir)).error()
     assert type(err) is JobInputFailed and err.exit_code == 2
     assert str(err).startswith(f"job 9 ended FAILED: {headline}\nlast lines of {log}:"), str(err)
+
+
+def test_a_signal_that_killed_the_batch_script_is_named():
+    from hpcsuite.runner.status import exit_words
+
+    assert exit_words("0:10") == "exit 0:10 (the batch script was killed by SIGUSR1)"
+    assert exit_words("0:9") == "exit 0:9 (the batch script was killed by SIGKILL)"
+    assert exit_words("1:0") == "exit 1:0" and exit_words("2:0") == "exit 2:0"

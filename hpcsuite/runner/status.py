@@ -146,7 +146,7 @@ class StatusRecord(Record):
         s, r = self.state, self.results
         name = f" ({self.name})" if self.name else ""
         out = [f"job {s.job_id}{name}: {self.line()}"]
-        details = [f"exit {s.exit_code}" if s.exit_code else None,
+        details = [exit_words(s.exit_code) if s.exit_code else None,
                    f"requeued {s.restarts} time(s)" if s.restarts else None,
                    f"MaxRSS {s.max_rss}" if s.max_rss else None, f"from {s.source}"]
         out.append("  " + ", ".join(d for d in details if d))
@@ -352,3 +352,19 @@ def never_ran(entry: dict | None) -> bool:
     one cancelled while it waited leaves no record and no run directory."""
     return bool(entry and entry.get("array_job_id") and entry.get("run_dir")
                 and not Path(entry["run_dir"]).exists())
+
+
+def exit_words(code: str) -> str:
+    """Slurm's ``EXIT:SIGNAL`` in words: "exit 0:10 (the batch script was killed by SIGUSR1)"
+    when a signal ended it (a warning signal that came before the script could trap it, in
+    its first moments, or a kill)."""
+    import signal
+
+    _, _, number = (code or "").partition(":")
+    if number.isdigit() and int(number):
+        try:
+            name = signal.Signals(int(number)).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"exit {code} (the batch script was killed by {name})"
+    return f"exit {code}"
