@@ -205,7 +205,10 @@ def raised_line(exc: BaseException) -> str:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
         f"{kind.__module__}.{kind.__qualname__}"
-    message = " ".join(str(exc).split())
+    said = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if said and said[0] == "in user code:":    # TensorFlow's tf.function: its error comes last
+        return said[-1] if said[-1].startswith(f"{kind.__name__}: ") else f"{name}: {said[-1]}"
+    message = " ".join(" ".join(said).split())
     return f"{name}: {message[:500]}" if message else name
 
 
