@@ -363,3 +363,35 @@ def test_tracking_that_fell_back_or_was_lost_is_said_by_status_and_wait(local_cl
     assert "not reachable from" in status
     client, run = mlflow_run(run_dir)
     assert run.info.status == "FINISHED"
+
+
+RESUMED = """name: res
+resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
+train:
+  model: mlp
+  data: {samples: 256, shape: [16], classes: 4}
+  batch_size: 32
+  max_steps: 4
+  checkpoint: {every_steps: 2}
+  tracking: {mlflow: {}}
+"""
+
+
+def test_a_resubmission_that_resumes_a_checkpoint_names_the_run_it_continues(local_cluster,
+                                                                             tmp_path):
+    _, env = local_cluster
+    (tmp_path / "res.yaml").write_text(RESUMED)
+    first = json.loads(run_cli("submit", "res.yaml", "--wait", "--json", cwd=tmp_path, env=env,
+                               check=True, timeout=600).stdout)
+    second = json.loads(run_cli("submit", "res.yaml", "--set", "train.max_steps=6", "--wait",
+                                "--json", cwd=tmp_path, env=env, check=True,
+                                timeout=600).stdout)
+    assert second["results"]["start_step"] == 4
+    _, earlier = mlflow_run(tmp_path / second["run_dir"] / ".." / str(first["job_id"]))
+    client, run = mlflow_run(tmp_path / second["run_dir"])
+    assert run.info.run_id != earlier.info.run_id
+    tags = run.data.tags
+    assert tags["hpcsuite.continues_run"] == earlier.info.run_id
+    assert tags["hpcsuite.resumed_from_job"] == str(first["job_id"])
+    assert tags["hpcsuite.resumed_from"].endswith(second["results"]["resumed_from"].split("/")[-1])
+    assert "hpcsuite.continues_run" not in earlier.data.tags
