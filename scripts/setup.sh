@@ -84,6 +84,8 @@ have tensorflow-cpu "$TF_VERSION" || { say "installing tensorflow-cpu==$TF_VERSI
 have mpi4py "$MPI4PY_VERSION" || { say "building mpi4py==$MPI4PY_VERSION against system OpenMPI"; pip_q --no-binary mpi4py "mpi4py==$MPI4PY_VERSION"; }
 
 # hpcsuite itself (editable, with test extras); reinstall only when pyproject.toml changed.
+# The test extra holds the tracking extra's mlflow (the full package, pinned: `mlflow ui`,
+# `mlflow server` and the sqlite: store that `hpcsuite tracking sync` writes).
 stamp=$VENV/.hpcsuite-pyproject.sha
 sum=$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! "$PY" -c 'import hpcsuite' 2>/dev/null; then
