@@ -241,6 +241,9 @@ def test_a_scripts_other_ranks_read_the_checkpoint_with_the_clock_paused(tmp_pat
         def broadcast_object(self, obj, root_rank=0, name=None):
             return picked
 
+        def allgather_object(self, obj, name=None):   # the ranks' hosts, for the slow-rank rule
+            return [obj, obj]
+
     pauses = []
 
     class Recording:
