@@ -183,3 +183,51 @@ def test_a_study_of_a_users_script_survives_an_interrupt(local_cluster, tmp_path
     assert [r["ranks"] for r in report["rows"]] == [1, 2]
     assert all(r["throughput"]["n"] == 1 for r in report["rows"])
     assert report["rows"][1]["model"]["gradient_bytes"] > 0
+
+
+TINY_JOB = """name: tiny
+resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
+train:
+  model: mlp
+  data: {kind: synthetic, samples: 512, shape: [16], classes: 4}
+  batch_size: 16
+"""
+TINY_STUDY = """name: tiny
+base: job.yaml
+axes: {nodes: [1]}
+repeats: 1
+warmup_steps: 2
+steps: 5
+limit: false
+allreduce_bench: false
+"""
+
+
+def test_study_commands_take_relative_paths_as_the_help_shows(local_cluster, tmp_path):
+    """`study run studies/NAME` and `study rerun studies/NAME --wait`, typed as `study --help`
+    shows them from the directory holding studies/: sbatch runs inside the bundle's inputs/,
+    and no relative path is joined to it a second time (issue 42 point 14)."""
+    cluster, env = local_cluster
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "job.yaml").write_text(TINY_JOB)
+    (project / "study.yaml").write_text(TINY_STUDY)
+    run_cli("study", "run", "study.yaml", "--dry-run", cwd=project, env=env, check=True)
+    proc = run_cli("study", "run", "studies/tiny", "--wait", cwd=project, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_cli("study", "rerun", "studies/tiny", "--wait", cwd=project, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = Path(proc.stdout.strip().splitlines()[-1])
+    assert again.parent == project / "studies" and again.name.startswith("tiny-rerun-")
+    shown = f"studies/{again.name}"
+    for study in ("studies/tiny", shown):
+        status = json.loads(run_cli("study", "status", study, "--json", cwd=project, env=env,
+                                    check=True).stdout)
+        assert [(s["point"], s["status"]) for s in status] == [("p00-r0", "done")], status
+        assert next((project / study / "runs" / "tiny-p00-r0").glob("*/results.json")).is_file()
+    run_cli("study", "report", shown, cwd=project, env=env, check=True, timeout=300)
+    assert (again / "report" / "report.json").is_file()
+    proc = run_cli("study", "compare", "studies/tiny", shown, "--json", cwd=project, env=env,
+                   check=True, timeout=300)
+    assert json.loads(proc.stdout)["specs"] == []
+    assert not (again / "inputs" / "studies").exists()     # nothing joined twice
