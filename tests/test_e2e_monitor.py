@@ -38,8 +38,12 @@ def test_monitored_job_records_utilisation_and_prometheus(local_cluster, tmp_pat
         text = (tmp_path / "prom" / f"hpcsuite-{payload['job_id']}-rank-{rank}.prom").read_text()
         families = {f.name: f for f in text_string_to_metric_families(text)}
         step = families["hpcsuite_step"].samples[0]
-        assert step.labels["rank"] == str(rank) and 0 < step.value <= 1200
+        # The file's last write is the end: the final step, and the job said ended.
+        assert step.labels["rank"] == str(rank) and step.value == 1200
         assert step.labels["host"] in ("node1", "node2")
+        assert families["hpcsuite_job_running"].samples[0].value == 0
+        assert families["hpcsuite_job_ended"].samples[0].labels["status"] == "completed"
+        assert families["hpcsuite_job_end_time_seconds"].samples[0].value > 0
     plots = run_cli("report", "mon", cwd=tmp_path, env=env, check=True).stdout.split()
     assert sorted(p.rsplit("/", 1)[1] for p in plots) == ["loss.png", "throughput.png",
                                                           "utilisation.png"]

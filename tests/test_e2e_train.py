@@ -155,6 +155,10 @@ def test_preemption_checkpoints_requeues_and_resumes(local_cluster, tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     assert results["attempt"] == 1 and results["status"] == "completed"
     assert 0 < results["start_step"] < 30000 and results["final_step"] == 30000
+    # runs: Slurm says COMPLETED; the job's own record says how it got there.
+    row = next(r for r in json.loads(run_cli("runs", "--json", cwd=tmp_path, env=env,
+                                             check=True).stdout) if r["job_id"] == job_id)
+    assert (row["state"], row["outcome"]) == ("COMPLETED", "completed after 2 attempts (1 preempted)")
     # Every sample id trained at most once, and exactly the first 30000 steps' worth.
     seen = ledger([run_dir])[0]
     assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16

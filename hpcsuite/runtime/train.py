@@ -19,8 +19,9 @@ from ..errors import UserError, count
 from ..runs.attempts import attempt_number
 from ..runs.rundir import ENV, RunDir, failure_text
 from ..submit.spec import JobSpec
-from . import startup
+from . import failwatch, startup
 from .job_io import hostname, load_job, publish
+from .monitor import end_all
 from .placement import place
 from .shm import private_shm
 from .ranks import from_env
@@ -48,6 +49,9 @@ def main(job_path: str) -> None:
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
     watch_startup(job, run_dir, rank)   # the clock of train.startup_timeout_seconds starts
+    # Another rank's failure ends this one at once: nothing is left to save, and the launcher
+    # would take 10 s more to kill a rank waiting in an allreduce (runtime/failwatch.py).
+    failwatch.watch(run_dir, rank, attempt_number())
     try:
         placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
     except UserError as e:                             # ranks sharing a GPU, not meant
@@ -264,6 +268,7 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None,
         # Its lines may reach the job's log before the first rank's: not "above".
         say(f"{head} too ({last}); {first_failure(marker)} is reported in this log and in "
             f"{marker}\n")
+    end_all("failed")         # the Prometheus textfile says the rank ended (train.monitor)
     os._exit(code)
 
 
