@@ -83,8 +83,8 @@ def test_a_rank_that_failed_on_input_is_exit_2_when_srun_killed_the_others(tmp_p
         in lines[-1]
     assert attempts.read_records(run)[-1]["exit"] == 2 and not seen
     RunDir(run).failed(1).write_text(failure_text(1, 1, "Traceback ...\nValueError: x"))
-    code, lines = end(run, j, 143, 1, monkeypatch)           # a crash: retried as before
-    assert code == 143 and "failure 2 of at most 2" in lines[-1]     # attempt 0 counts
+    code, lines = end(run, j, 143, 1, monkeypatch)           # a crash: retried as before,
+    assert code == 1 and "failure 2 of at most 2" in lines[-1]       # with its rank's status
     code, lines = end(run, j, 137, 2, monkeypatch)           # no marker: as before
     assert code == 137 and "(exit 137); not requeued: 3 failed attempts" in lines[-1]
 

@@ -77,9 +77,10 @@ def test_a_raising_rank_ends_the_job_at_once_and_runs_says_where(local_cluster, 
     # Before: ~20 s from the raise to the end under either launcher: the survivor, waiting in
     # its allreduce, took no signal until the launcher's SIGKILL (srun: KillWait, 10 s here;
     # mpirun: odls_base_sigkill_timeout, 10 s, twice). Now the survivor ends as soon as the
-    # failed rank's report exists, which ends srun's step at once. Open MPI's daemon still
-    # sleeps its 10 s (twice) after killing a rank that was alive when mpirun aborted.
-    assert ended - raised < (6 if launcher == "srun" else 25), (ended - raised, proc.stderr[-2000:])
+    # failed rank's report exists, which ends srun's step at once; the batch script ends an
+    # mpirun still up a second after the report (its daemons would sleep 10 s, twice), and
+    # --wait takes Slurm's COMPLETING of a failure attempt end did not requeue as its end.
+    assert ended - raised < 8, (ended - raised, proc.stderr[-2000:])
     assert returned - ended < 3, returned - ended
     listed = {r["job_id"]: r for r in json.loads(run_cli("runs", "--json", cwd=tmp_path,
                                                          env=env, check=True).stdout)}

@@ -313,12 +313,14 @@ STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm
 
 
 def _job_status(run_dir: Path, n: int, status: int) -> int:
-    """The launcher's ``status``, or 2 where a rank failed on the job's input (exit 2, its
-    FAILED marker says) and srun, which ends the other ranks then, returned 128 + their
-    signal (the highest status of its tasks): a failure that would repeat, never requeued."""
-    if status > 128 and stop_signal(run_dir, n) is None and \
-            failure_exit(RunDir(run_dir).failed(n)) == 2:
-        return 2
+    """The launcher's ``status``, or the status a failed rank's FAILED marker names when the
+    launcher failed too: srun, which ends the other ranks then, returns 128 + their signal
+    (the highest status of its tasks), and the batch script ends a launcher that outlives the
+    marker by a second (mpirun's 143). An input failure stays exit 2, never requeued."""
+    if status != 0 and stop_signal(run_dir, n) is None:
+        said = failure_exit(RunDir(run_dir).failed(n))
+        if said:
+            return said
     return status
 
 

@@ -3,8 +3,7 @@
 Where a job's state comes from, best first: Slurm accounting (``sacct``: kept after the job
 ends, with exit codes, MaxRSS and every requeued attempt) when the cluster runs slurmdbd; the
 controller (``scontrol``/``squeue``: live, but it forgets a finished job after MinJobAge);
-the job completion log (``jobcomp/filetxt``) when the controller has forgotten it.
-"""
+the job completion log (``jobcomp/filetxt``) when the controller has forgotten it."""
 
 from __future__ import annotations
 
@@ -346,6 +345,7 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
          on_tick=None) -> JobState:
     """Follow ``job_id`` to its end. ``on_change(state)`` when its state changes; ``on_tick()``
     about every second (live progress)."""
+    from .outcome import failed_for_good
     deadline = None if timeout is None else time.monotonic() + timeout
     directory = Path(run_dir) if run_dir else None
     last, interval = None, POLL_FIRST
@@ -359,6 +359,9 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
         last = state.state
         if state.finished:
             return state
+        if state.state == "COMPLETING" and directory and \
+                failed_for_good(directory, state.restarts or 0):   # only its daemons still go
+            return replace(state, state="FAILED")
         if (state.state, state.reason) != reason:
             reason, reason_since = (state.state, state.reason), time.monotonic()
         why = explain_pending(state, time.monotonic() - reason_since)
@@ -381,9 +384,7 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
 
 
 def log_path(state: JobState) -> Path | None:
-    if state.stdout:
-        return Path(state.stdout)
-    return None
+    return Path(state.stdout) if state.stdout else None
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -441,4 +441,5 @@ class RunDir:
         return {"env": ENV, "job": JOB, "job_staged": staged_name(JOB, SHELL_PID),
                 "attempts": ATTEMPTS,
                 "ready": ready_name(SHELL_ATTEMPT),
-                "stop_requested": stop_requested_name(SHELL_ATTEMPT)}
+                "stop_requested": stop_requested_name(SHELL_ATTEMPT),
+                "failed": failed_name(SHELL_ATTEMPT)}
