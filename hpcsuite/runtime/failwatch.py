@@ -23,8 +23,9 @@ from ..runs.rundir import RunDir, failure_exit
 
 log = logging.getLogger(__name__)
 
-TICK = 0.25        # seconds between looks (a stat of one file)
-UNREADABLE = 8     # looks at a marker not yet written in full before ending anyway
+TICK = 1.0         # seconds between looks: one stat of one file a second per rank (a
+                   # shared filesystem's metadata server takes every rank's)
+UNREADABLE = 3     # looks at a marker not yet written in full before ending anyway
 
 
 def failed_rank(marker: Path) -> int | None:
