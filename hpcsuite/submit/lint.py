@@ -84,7 +84,10 @@ def ignored_findings(job: JobSpec, origins: dict[str, str]) -> list[Finding]:
     train.model given beside train.script is refused rather than silently dropped (as
     train.model_args and train.horovod.allreduce are). ``origins``: the resolved keys'
     layers (``builtin`` for a default)."""
-    given = origins.get("job.train.model", "builtin") != "builtin"
+    # A study's or sweep's points carry the resolved spec, where the default model reads as
+    # given: the default is never the user's word there.
+    default = type(job.train)().model
+    given = origins.get("job.train.model", "builtin") != "builtin" and job.train.model != default
     if job.train.script is None or not given:
         return []
     return [Finding("error", "train.model", f"{job.train.model!r} is ignored in script mode: "
