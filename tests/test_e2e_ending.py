@@ -78,10 +78,11 @@ def test_a_raising_rank_ends_the_job_at_once_and_runs_says_where(local_cluster, 
     # its allreduce, took no signal until the launcher's SIGKILL (srun: KillWait, 10 s here;
     # mpirun: odls_base_sigkill_timeout, 10 s, twice). Now the survivor ends as soon as the
     # failed rank's report exists, which ends srun's step at once; the batch script ends an
-    # mpirun still up a second after the report (its daemons would sleep 10 s, twice), and
-    # --wait takes Slurm's COMPLETING of a failure attempt end did not requeue as its end.
+    # mpirun still up a second after the report, so Slurm's end comes at once too, but the
+    # job stays COMPLETING (what --wait waits for) while Open MPI's daemon on the other node
+    # sleeps out its kill timeout (odls_base_sigkill_timeout, 10 s).
     assert ended - raised < 8, (ended - raised, proc.stderr[-2000:])
-    assert returned - ended < 3, returned - ended
+    assert returned - ended < (3 if launcher == "srun" else 15), returned - ended
     listed = {r["job_id"]: r for r in json.loads(run_cli("runs", "--json", cwd=tmp_path,
                                                          env=env, check=True).stdout)}
     assert listed[job_id]["state"] == "FAILED"

@@ -43,22 +43,3 @@ def test_a_runs_listing_reads_the_run_directory_and_survives_damage(tmp_path):
     assert run_outcome(tmp_path) == "completed after 2 attempts (1 preempted)"
     (tmp_path / "attempts.jsonl").write_text("not json\n")
     assert run_outcome(tmp_path).startswith("attempt records damaged")
-
-
-def test_a_failed_attempt_left_to_end_is_failed_for_good(tmp_path):
-    """Slurm's COMPLETING after a rank's failure that `attempt end` did not requeue: the job
-    is FAILED (only the launcher's daemons are left to go); not before the record, nor when
-    requeued."""
-    import json
-
-    from hpcsuite.runs.outcome import failed_for_good
-    from hpcsuite.runs.rundir import RunDir, failure_text
-
-    run = RunDir(tmp_path)
-    assert not failed_for_good(tmp_path, 0)
-    run.failed(0).write_text(failure_text(0, 1, "ValueError: x"))
-    assert not failed_for_good(tmp_path, 0)                 # attempt end has not recorded it
-    run.attempts.write_text(json.dumps({"attempt": 0, "outcome": "failed", "requeued": True}) + "\n")
-    assert not failed_for_good(tmp_path, 0)                 # requeued: it runs again
-    run.attempts.write_text(json.dumps({"attempt": 0, "outcome": "failed", "requeued": False}) + "\n")
-    assert failed_for_good(tmp_path, 0) and not failed_for_good(tmp_path, 1)

@@ -345,7 +345,6 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
          on_tick=None) -> JobState:
     """Follow ``job_id`` to its end. ``on_change(state)`` when its state changes; ``on_tick()``
     about every second (live progress)."""
-    from .outcome import failed_for_good
     deadline = None if timeout is None else time.monotonic() + timeout
     directory = Path(run_dir) if run_dir else None
     last, interval = None, POLL_FIRST
@@ -359,9 +358,6 @@ def wait(job_id: str, timeout: float | None = None, on_change=None, run_dir: str
         last = state.state
         if state.finished:
             return state
-        if state.state == "COMPLETING" and directory and \
-                failed_for_good(directory, state.restarts or 0):   # only its daemons still go
-            return replace(state, state="FAILED")
         if (state.state, state.reason) != reason:
             reason, reason_since = (state.state, state.reason), time.monotonic()
         why = explain_pending(state, time.monotonic() - reason_since)

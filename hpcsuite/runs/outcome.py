@@ -5,11 +5,7 @@ knows nothing of the attempts before a requeue. Read from the run directory's
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..errors import UserError
-from .attempts import SAVED, counts, read_records
-from .rundir import RunDir
+from .attempts import SAVED, counts
 
 _STOPPED = {"preempted": "preempted", "time_limit": "stopped before the time limit",
             "stopped": "stopped without a checkpoint"}
@@ -40,17 +36,3 @@ def outcome(records: list[dict]) -> str | None:
     if what == "not_started":
         return f"not started at attempt {n} ({last.get('why') or 'failure budget spent'})"
     return f"{what} at attempt {n}" + (f" ({last['why']})" if last.get("why") else "") + requeued
-
-
-def failed_for_good(run_dir: Path, attempt: int) -> bool:
-    """Whether ``attempt`` failed (a rank's FAILED marker) and `attempt end` let the job end
-    there (recorded, not requeued): Slurm's COMPLETING then only waits for the launcher's
-    daemons to go (Open MPI's orted sleeps its kill timeout), and the job is FAILED."""
-    if not RunDir(run_dir).failed(attempt).is_file():
-        return False
-    try:
-        records = read_records(run_dir)
-    except UserError:
-        return False
-    return any(r["attempt"] == attempt and r["outcome"] == "failed" and not r.get("requeued")
-               for r in records)
