@@ -53,9 +53,9 @@ def read_record(path: Path) -> dict:
 
 def write_record(path: Path, record: dict) -> None:
     """mlflow.json, renamed into place (`status` may be reading it)."""
-    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from .results import write_json_atomic
+
+    write_json_atomic(path, record)
 
 
 def update_record(path: Path, **fields) -> dict:
