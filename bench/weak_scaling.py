@@ -146,7 +146,8 @@ PLAIN = """#!/bin/bash
 #SBATCH --time=00:10:00
 #SBATCH --output={out}
 export OMP_NUM_THREADS=1 HOROVOD_FUSION_THRESHOLD=67108864 HOROVOD_CYCLE_TIME={cycle:g}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
+export TF_CPP_MIN_LOG_LEVEL=2
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMPI_MCA_mpi_yield_when_idle={yield_}
 {export}
 mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca btl '^openib' \\

@@ -4,6 +4,7 @@
 beside a Gloo-only Horovod) logs why and still writes results.json, exit 0."""
 
 import os
+import subprocess
 import sys
 
 from rank_by_hand import SLURM_CLIENTS, path_without, run_rank, write_job
@@ -44,9 +45,23 @@ def test_a_failing_srun_leaves_the_slurm_version_out(monkeypatch):
     assert slurm_version() == "slurm 24.11"
 
 
-def test_no_mpi4py_leaves_the_mpi_version_out(monkeypatch, caplog):
-    from hpcsuite.runtime.backend import mpi_version
+def test_no_libmpi_leaves_the_mpi_version_out(monkeypatch, caplog):
+    from hpcsuite.runtime import backend
 
-    monkeypatch.setitem(sys.modules, "mpi4py", None)      # import mpi4py raises ImportError
-    assert mpi_version() is None
-    assert "results.json without the MPI version: ModuleNotFoundError" in caplog.text
+    monkeypatch.setattr(backend.horovod_mpi, "loaded_libmpi", lambda: None)   # a Gloo-only Horovod
+    assert backend.mpi_version() is None
+    assert "results.json without the MPI version: this process loaded no libmpi" in caplog.text
+
+
+def test_the_mpi_version_is_asked_of_the_loaded_libmpi_without_mpi4py():
+    """Asked of the library the process loaded (here Debian's Open MPI, dlopened as Horovod's
+    MPI library loads it), never through mpi4py: importing it after Horovod's shutdown aborted
+    a rank under MPICH's srun --mpi=pmi2."""
+    code = ("import ctypes, ctypes.util, sys\n"
+            "ctypes.CDLL(ctypes.util.find_library('mpi'), mode=ctypes.RTLD_GLOBAL)\n"
+            "from hpcsuite.runtime.backend import mpi_version\n"
+            "print(mpi_version()); print('mpi4py' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    version, imported = out.stdout.splitlines()
+    assert version.startswith("Open MPI v4.1"), out
+    assert imported == "False"

@@ -15,7 +15,7 @@ from hpcsuite.runtime.data import Hdf5
 from hpcsuite.submit.lint import Finding
 from hpcsuite.submit.spec import spec_from_dict
 
-from conftest import SBATCH
+from conftest import SBATCH, as_account
 
 PROFILE = str(SBATCH / "profile.yaml")
 
@@ -102,13 +102,35 @@ def test_a_spec_path_that_is_a_directory_is_one_line(here, command):
     assert result.exit_code == 2 and result.output == "error: d.yaml: is a directory, not a file\n"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_spec_is_one_line(here):
-    (here / "job.yaml").write_text("name: x\n")
-    (here / "job.yaml").chmod(0)
-    result = CliRunner().invoke(main, ["lint", "job.yaml"])
-    assert result.exit_code == 2 and result.output.startswith("error: job.yaml: ")
-    assert len(result.output.splitlines()) == 1
+def test_an_unreadable_spec_is_one_line(here, monkeypatch):
+    """Run as the unprivileged test account when root runs the tests (root reads any file),
+    in a directory it can reach (pytest's are under /tmp/pytest-of-root, mode 700)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    work = Path(tempfile.mkdtemp(prefix="hpcsuite-unreadable-"))
+    work.chmod(0o755)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HPCSUITE_SITE_DIR", str(work / "site"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(work / "xdg"))
+    (work / "job.yaml").write_text("name: x\n")
+    (work / "job.yaml").chmod(0)
+    (work / "ok.yaml").write_text("name: x\n")
+
+    def lint(name):
+        result = CliRunner().invoke(main, ["lint", name])
+        return result.exit_code, result.output
+
+    try:
+        assert lint("ok.yaml")[0] == 0       # and everything lint imports is imported
+        code, output = as_account(lambda: lint("job.yaml"))
+        assert code == 2 and output.startswith("error: job.yaml: ")
+        assert len(output.splitlines()) == 1
+        control = as_account(lambda: lint("ok.yaml"))     # a file it can read
+        assert control[0] == 0, control[1]
+    finally:
+        shutil.rmtree(work)
 
 
 def test_lint_prints_a_problem_the_profile_and_slurm_both_see_once(here, monkeypatch):

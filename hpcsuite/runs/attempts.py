@@ -23,11 +23,11 @@ import datetime as dt
 import fcntl
 import json
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..world import current
 from .attempt_words import slurm_stop_line, unsaved_line
 from .checkpoint_dir import OWNER, newest_checkpoint
 from .rundir import RunDir, RunRoot, failure_exit
@@ -55,7 +55,7 @@ def checkpoint_root(job, run_dir: Path) -> Path:
 def attempt_number() -> int:
     """This attempt's number, for the batch script's commands and every rank: how often Slurm
     requeued the job."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return current().attempt
 
 
 # ------------------------------------------------------------------- the record
@@ -159,7 +159,8 @@ def begin(run_dir: Path, job, out=print) -> int:
     known = {r["attempt"] for r in records}
     missing = [k for k in range(n) if k not in known]
     if missing:
-        states = _earlier_states(os.environ.get("SLURM_JOB_ID", "")) if os.environ.get("SLURM_JOB_ID") else []
+        job_id = current().job_id
+        states = _earlier_states(job_id) if job_id else []
         for k in missing:
             outcome, why = _lost_outcome(states[k] if k < len(states) else None)
             entry = {"attempt": k, "outcome": outcome, "why": why}
@@ -174,10 +175,10 @@ def begin(run_dir: Path, job, out=print) -> int:
                           "why": f"failure budget spent ({c.failed} > {budget})"})
         return 1
     if job.train.checkpoint.enabled:
-        claim(checkpoint_root(job, run_dir), os.environ.get("SLURM_JOB_ID", ""), run_dir)
+        claim(checkpoint_root(job, run_dir), current().job_id or "", run_dir)
     RunDir(run_dir).preempted.unlink(missing_ok=True)   # an earlier attempt's, never this one's
     if n:
-        out(f"hpcsuite: attempt {n} of job {os.environ.get('SLURM_JOB_ID')}: before it, "
+        out(f"hpcsuite: attempt {n} of job {current().job_id}: before it, "
             f"{c.describe()}")
     return 0
 
@@ -219,7 +220,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     run_dir = Path(run_dir)
     n = attempt_number()
     status = _job_status(run_dir, n, status)
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = current().job_id or ""
     pre = job.train.preemption
     marker = RunDir(run_dir).preempted
     outcome, step, stop = _outcome(run_dir, n, status, job)
@@ -254,7 +255,7 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
             out(f"hpcsuite: attempt {n} failed (exit {status}); not requeued: {failures} failed "
                 f"attempts, more than train.preemption.max_failures ({pre.max_failures})")
     entry = {"attempt": n, "outcome": outcome, "exit": status, "step": step,
-             "host": socket.gethostname(), "requeued": requeue,
+             "host": current().node, "requeued": requeue,
              **({"signal": stop} if stop and (outcome in SAVED or outcome == UNSAVED) else {}),
              **extra}
     _append(run_dir, entry)
@@ -392,7 +393,7 @@ def claim(root: Path, job_id: str, run_dir: Path) -> None:
         check_owner(root, job_id)
         tmp = root / f".{OWNER}.{os.getpid()}"
         tmp.write_text(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
-                                   "host": socket.gethostname(),
+                                   "host": current().node,
                                    "since": dt.datetime.now().isoformat(timespec="seconds")}) + "\n")
         os.replace(tmp, root / OWNER)
     finally:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from hpcsuite.allreduce_sizes import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_siz
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
 from hpcsuite.runtime.collective_timing import time_op  # noqa: E402
 from hpcsuite.runtime.shm import private_shm  # noqa: E402
+from hpcsuite.world import current  # noqa: E402
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
 
@@ -150,7 +150,7 @@ def report(sizes, mpi, horovod, n, hosts, settings, versions) -> dict:
             fits[key] = {"error": str(e)}
     return {"world_size": n, "hosts": hosts, "sizes": list(sizes), "points": points, "fit": fits,
             "busbw_formula": "busbw = S/t * 2(N-1)/N (bytes/s)", "settings": settings,
-            "versions": versions, "job_id": os.environ.get("SLURM_JOB_ID")}
+            "versions": versions, "job_id": current().job_id}
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
@@ -199,7 +199,7 @@ def measure(sizes: list[int], a: argparse.Namespace):
     if hvd.size() != n:
         raise RuntimeError(f"Horovod sees {hvd.size()} ranks, MPI {n}")
     horovod_times = measure_horovod(hvd, comm, sizes, a.budget, a.repeats, a.warmup)
-    hosts = comm.gather(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), root=0)
+    hosts = comm.gather(current().node, root=0)
     controller = "mpi" if hvd.mpi_enabled() else "gloo"
     hvd.shutdown()      # MPI stays up: mpi4py initialised it (see above)
     mpi = merge_passes(mpi_before, measure_mpi(comm, sizes, a.budget / 2, a.repeats, a.warmup))

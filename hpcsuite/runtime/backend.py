@@ -8,12 +8,14 @@ the data adapter and its own tensor collectives (:mod:`.torch_backend`, :mod:`.t
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
 from ..errors import UserError
+from ..runs import rundir
 from ..submit.spec import JobSpec, precision_problem
-from . import startup
+from . import horovod_mpi, startup
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,8 @@ class HorovodBackend:
         problem = precision_problem(self.name, self.t.precision)
         if problem:
             raise UserError(f"train.precision: {problem}")
+        # the MPI library this Horovod links is the profile's mpi.flavour (runtime/horovod_mpi.py)
+        horovod_mpi.check(os.environ.get(rundir.ENV), getattr(hvd, "__file__", None))
         startup.mark(startup.IN_INIT)       # the startup watch names a hang in here
         hvd.init()
         startup.mark(startup.BEFORE_STEP)
@@ -114,12 +118,15 @@ class HorovodBackend:
 
 
 def mpi_version() -> str | None:
-    """The MPI library's name and version for results.json, or None: asked after training, so
-    a rank without mpi4py (a Gloo-only Horovod, a container image) still writes its results."""
-    try:
-        from mpi4py import MPI
+    """The MPI library's name and version for results.json, or None (a Gloo-only Horovod).
 
-        return MPI.Get_library_version().splitlines()[0].strip("\x00 ")
-    except Exception as e:  # noqa: BLE001 - ImportError, or a libmpi that does not load
-        log.warning("results.json without the MPI version: %s: %s", type(e).__name__, e)
-        return None
+    Asked of the libmpi this process loaded, with ``MPI_Get_library_version``, which MPI allows
+    before ``MPI_Init`` and after ``MPI_Finalize``: not through mpi4py, whose import after
+    Horovod's shutdown asked a finalised MPICH for its world's size and aborted rank 0 before it
+    wrote its results (MPICH under srun --mpi=pmi2, one run in five)."""
+    path = horovod_mpi.loaded_libmpi()
+    version = horovod_mpi.library_version(path) if path else None
+    if version is None:
+        log.warning("results.json without the MPI version: %s", f"{path} does not answer "
+                    "MPI_Get_library_version" if path else "this process loaded no libmpi")
+    return version

@@ -9,14 +9,13 @@ them.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 from ..errors import UserError
 from ..runs.attempts import SAVED, UNSAVED, attempt_number
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec, spec_from_dict
+from ..world import current
 
 
 def load_job(path: str) -> JobSpec:
@@ -34,11 +33,12 @@ def load_job(path: str) -> JobSpec:
 
 
 def hostname() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    """The Slurm node this rank runs on (:class:`hpcsuite.world.World`'s ``node``)."""
+    return current().node
 
 
 def job_id() -> str | None:
-    return os.environ.get("SLURM_JOB_ID")
+    return current().job_id
 
 
 def write_stop_marker(run_dir: Path, status: str, step: int) -> None:

@@ -20,12 +20,12 @@ error: the rank trains on).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..world import current
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Sampler:
             except OSError as e:
                 raise UserError(f"train.monitor.prometheus_dir: cannot create {directory} "
                                 f"({e.strerror})") from None
-            job_id = os.environ.get("SLURM_JOB_ID", "local")
+            job_id = current().job_id or "local"
             self.prom_path = directory / f"hpcsuite-{job_id}-rank-{rank}.prom"
         self._t0 = time.monotonic()
         self.ended: tuple[str, float] | None = None   # (status, Unix time) once the rank ended
@@ -170,7 +170,7 @@ class Sampler:
         from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
         registry = CollectorRegistry()
-        labels = {"job": self.job, "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        labels = {"job": self.job, "job_id": current().job_id or "",
                   "rank": str(self.rank), "host": self.host}
         names = list(labels)
 

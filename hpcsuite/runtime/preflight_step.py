@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -178,11 +177,12 @@ def check_gpu(job, local_rank: int) -> dict:
 # ------------------------------------------------------------------- the step
 def run(job, min_busbw_gbps: float | None, comm) -> tuple[dict | None, list[str]]:
     """Every rank's part; on rank 0 (record, failure lines), elsewhere (None, [])."""
-    from .ranks import from_env
+    from ..world import current
 
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    world = current()
+    host = world.node
     started = time.perf_counter()
-    gpu = check_gpu(job, from_env().local_rank) if job.preflight.gpu else None
+    gpu = check_gpu(job, world.local_rank) if job.preflight.gpu else None
     gpus = comm.gather({"rank": comm.rank, "host": host, **gpu} if gpu else None, root=0)
     hosts = comm.gather(host, root=0)
     fabric = job.preflight.fabric
@@ -190,7 +190,7 @@ def run(job, min_busbw_gbps: float | None, comm) -> tuple[dict | None, list[str]
     if comm.rank != 0:
         return None, []
     lines = []
-    record: dict = {"attempt": attempt_number(), "job_id": os.environ.get("SLURM_JOB_ID"),
+    record: dict = {"attempt": attempt_number(), "job_id": world.job_id,
                     "ranks": comm.size, "hosts": hosts}
     if pairs is not None:
         bar = min_busbw_gbps * 1e9 if min_busbw_gbps is not None else 0.0

@@ -34,7 +34,7 @@ def run_script(job: JobSpec, run_dir: Path) -> None:
     dirs = usercode.search_dirs(job.train.pythonpath)
     sys.path[:0] = [str(script.parent.absolute()), *(str(d) for d in dirs[1:])]
     sys.argv = [str(script), *job.train.args]
-    horovod = watch_horovod_init()
+    horovod = watch_horovod_init(run_dir)
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:      # sys.exit(0) at the end is a script that returned
@@ -46,10 +46,11 @@ def run_script(job: JobSpec, run_dir: Path) -> None:
     say_how_it_ran(run_dir, run is not None, horovod)
 
 
-def watch_horovod_init() -> dict:
+def watch_horovod_init(run_dir: Path | None = None) -> dict:
     """{"size": N} once the script's ``hvd.init()`` has run (any framework's: they share
     Horovod's basics), before any ``hvd.shutdown()`` can hide it. Empty when Horovod is not
-    installed (then nothing can initialise it)."""
+    installed (then nothing can initialise it). Before the init, the MPI library the script's
+    Horovod loaded must be the profile's mpi.flavour (:mod:`.horovod_mpi`)."""
     seen: dict = {}
     try:
         from horovod.common.basics import HorovodBasics
@@ -59,6 +60,9 @@ def watch_horovod_init() -> dict:
 
     @functools.wraps(original)
     def init(self, *args, **kwargs):
+        from .horovod_mpi import check
+
+        check(str(run_dir) if run_dir else None)
         done = original(self, *args, **kwargs)
         try:
             seen["size"] = int(self.size())
@@ -76,9 +80,9 @@ def say_how_it_ran(run_dir: Path, api: bool, horovod: dict) -> None:
     from ..runs.attempts import attempt_number
     from ..runs.results import write_json_atomic
     from ..runs.script_ranks import alone, word
-    from .ranks import from_env
+    from ..world import current
 
-    me = from_env()
+    me = current()
     said = word(me.rank, me.size, api, horovod.get("size") or _horovod_size(), _mpi_size())
     if alone(said):
         log.warning("rank %d of %d never joined a Horovod world (the script never called "

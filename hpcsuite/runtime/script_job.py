@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..world import from_env
 from ..runs.results import write_json_atomic
 from ..runs.rundir import RunDir, RunRoot
 from ..submit.spec import JobSpec
@@ -21,10 +22,9 @@ log = logging.getLogger("hpcsuite.api")   # the name users' log lines have alway
 def refuse_ranks_without_horovod(env=os.environ) -> None:
     """Run() without ``hvd`` is one process: in a launch of several ranks each would train
     alone and write the same checkpoints and results.json. One line and exit 2 instead."""
-    size = env.get("OMPI_COMM_WORLD_SIZE") or env.get("SLURM_STEP_NUM_TASKS") or "1"
-    if size.isdigit() and int(size) > 1:
-        rank = env.get("OMPI_COMM_WORLD_RANK") or env.get("SLURM_PROCID") or "?"
-        print(f"error: hpcsuite.api.Run(): rank {rank} of {size} ranks the launcher started, "
+    world = from_env(env)
+    if world.size > 1:
+        print(f"error: hpcsuite.api.Run(): rank {world.rank} of {world.size} ranks the launcher started, "
               f"but no Horovod module was given: call hvd.init() and pass it, api.Run(hvd) "
               f"(without it every rank would train alone and write the same checkpoints)",
               file=sys.stderr, flush=True)

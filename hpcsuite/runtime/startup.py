@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..runs.rundir import RunDir
+from ..world import current
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class Watch:
         elif self.script and stage == BEFORE_INIT and horovod_initialised():
             return None
         return {"rank": self.rank, "stage": stage, "at": user_frame(frames),
-                "host": os.environ.get("SLURMD_NODENAME") or os.uname().nodename}
+                "host": current().node}
 
     def report(self, word: dict) -> None:
         """Write this rank's word, wait for the others', and end the rank with all of them."""

@@ -44,7 +44,9 @@ class TimeLimit:
 
     @classmethod
     def from_slurm(cls) -> "TimeLimit | None":
-        job_id = os.environ.get("SLURM_JOB_ID")
+        from ..world import current
+
+        job_id = current().job_id
         if not job_id:
             return None
         from .. import slurm

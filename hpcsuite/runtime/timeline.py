@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ..runs.rundir import RunDir
+from ..world import current
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +27,9 @@ class Window:
         # Steps are counted as done: the window records the steps that take the count from
         # ``first`` to ``last``; its file is horovod-timeline-steps-FIRST-LAST.json.
         self.first, self.last = start_step, start_step + steps
-        job = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
+        job = current().job_id or str(os.getpid())
         self.local = Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / \
-            f"hpcsuite-timeline-{job}-{os.getpid()}.json"
+            f"hpcsuite-timeline-{os.getuid()}-{job}-{os.getpid()}.json"   # per user: one /tmp
         self.started_at: int | None = None
         self.done = False
 

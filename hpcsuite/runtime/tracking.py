@@ -39,7 +39,8 @@ from ..runs.mlflow_store import (GIT_COMMIT, GIT_DIRTY, artifact_location, clien
                                  file_path, is_file_uri, local_uri, read_record,
                                  server_unreachable, update_record, write_record)
 from ..runs.rundir import RunDir, RunRoot
-from .job_io import hostname, job_id
+from ..world import current
+from .job_io import job_id
 from .tensorboard import Chart
 
 log = logging.getLogger(__name__)
@@ -304,12 +305,13 @@ def reachable(uri: str, paths: RunDir) -> tuple[str, str | None]:
 def run_tags(job, paths: RunDir) -> dict[str, str]:
     """The Slurm job, the array element (a sweep's: grouped by hpcsuite.sweep), the attempt,
     the git commit recorded at submit and whether the tree had changes not committed."""
+    world = current()
     tags = {"hpcsuite.job": job.name, "hpcsuite.run_dir": str(paths.path.absolute()),
-            "hpcsuite.attempt": str(attempt_number()), "hpcsuite.host": hostname(),
+            "hpcsuite.attempt": str(world.attempt), "hpcsuite.host": world.node,
             "hpcsuite.spec_digest": job.digest()}
-    if job_id():
-        tags["hpcsuite.slurm_job_id"] = job_id()
-    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if world.job_id:
+        tags["hpcsuite.slurm_job_id"] = world.job_id
+    array, index = world.array_job_id, world.array_task_id
     if array and index:          # only a sweep submits a job array
         tags.update({"hpcsuite.sweep": job.name, "hpcsuite.array_job_id": array,
                      "hpcsuite.array_index": index})

@@ -19,12 +19,12 @@ from ..errors import UserError, count
 from ..runs.attempts import attempt_number
 from ..runs.rundir import ENV, RunDir, failure_text
 from ..submit.spec import JobSpec
+from ..world import World, current
 from . import failwatch, startup
 from .job_io import hostname, load_job, publish
 from .monitor import end_all
 from .placement import place
 from .shm import private_shm
-from .ranks import from_env
 from .signals import FLAG, announce_ready
 
 log = logging.getLogger(__name__)
@@ -42,18 +42,19 @@ def main(job_path: str) -> None:
     job = load_job(job_path)
     FLAG.install([job.train.preemption.signal, "TERM"])
     run_dir = Path(os.environ.get(ENV) or Path(job_path).parent)
-    rank = from_env().rank
+    world = current()                  # read once: who started this rank, where, in which job
+    rank = world.rank
     announce_ready(run_dir, rank)
     log_format = f"%(asctime)s rank {rank} %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
-    watch_startup(job, run_dir, rank)   # the clock of train.startup_timeout_seconds starts
+    watch_startup(job, run_dir, world)   # the clock of train.startup_timeout_seconds starts
     # Another rank's failure ends this one at once: nothing is left to save, and the launcher
     # would take 10 s more to kill a rank waiting in an allreduce (runtime/failwatch.py).
-    failwatch.watch(run_dir, rank, attempt_number())
+    failwatch.watch(run_dir, rank, world.attempt)
     try:
-        placed = place(job, from_env().local_rank)     # before a framework sees the GPUs
+        placed = place(job, world.local_rank)     # before a framework sees the GPUs
     except UserError as e:                             # ranks sharing a GPU, not meant
         fail(run_dir, rank, f"error: {e}", code=2)
     if placed:
@@ -80,13 +81,13 @@ def main(job_path: str) -> None:
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 
-def watch_startup(job: JobSpec, run_dir: Path, rank: int) -> None:
+def watch_startup(job: JobSpec, run_dir: Path, world: World) -> None:
     """End the job, naming where the ranks stopped, when this rank trains no step within
     train.startup_timeout_seconds (:mod:`.startup`); 0: no watch."""
     seconds = job.train.startup_timeout_seconds
     if seconds:
-        startup.begin(startup.Watch(seconds, run_dir, rank, from_env().size, attempt_number(),
-                                    lambda text: fail(run_dir, rank, text, code=1),
+        startup.begin(startup.Watch(seconds, run_dir, world.rank, world.size, world.attempt,
+                                    lambda text: fail(run_dir, world.rank, text, code=1),
                                     script=bool(job.train.script)))
 
 
