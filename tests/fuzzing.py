@@ -214,8 +214,10 @@ PROFILE_FIELDS = {   # key: (valid values, wrong ones)
         "mca": st.dictionaries(st.sampled_from(["pml", "btl"]), hostile_text, max_size=2),
         "mpirun_args": st.lists(hostile_text, max_size=2),
         "srun_args": st.lists(hostile_text, max_size=2),
-        "srun_mpi": st.sampled_from(["pmix", "pmi2", "none"])}),
-        st.fixed_dictionaries({"srun_mpi": st.just("evil"), "mca": st.just({"X-Y": "1"})})),
+        "srun_mpi": st.sampled_from(["pmix", "pmi2", "none"]),
+        "flavour": st.sampled_from(["openmpi", "openmpi5", "mpich", "intelmpi"])}),
+        st.fixed_dictionaries({"srun_mpi": st.just("evil"), "mca": st.just({"X-Y": "1"}),
+                               "flavour": st.sampled_from(["lam", "", "OpenMPI"])})),
     "defaults": (st.fixed_dictionaries({}, optional={
         "resources": st.fixed_dictionaries({}, optional={
             "partition": st.sampled_from(["batch", "other"]),

@@ -11,7 +11,7 @@ PACKAGE = REPO / "hpcsuite"
 ROOMS = ("cli", "runner", "submit", "runs", "study", "sweep", "site", "runtime")
 # the shared core, at the top
 LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce_sizes",
-          "fabrics", "gpuhealth")
+          "fabrics", "gpuhealth", "world")
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
 
 # What each room may import besides itself and the core leaves.
@@ -20,7 +20,7 @@ ALLOWED = {
     "runner": {"submit", "runs", "runtime.job_io"},
     "study": {"runner", "submit", "runs", "site"},
     "sweep": {"runner", "submit", "runs"},
-    "site": {"submit.site_profile"},
+    "site": {"submit.site_profile", "submit.slurm_rules"},
     "submit": {"runs.rundir", "templates"},
     "runs": set(),
     # submit.config: script mode tried by hand resolves its spec as `hpcsuite submit` would

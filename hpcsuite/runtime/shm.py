@@ -19,27 +19,34 @@ import re
 from pathlib import Path
 
 from ..runs.rundir import NODE_PRIVATE_SHM as ENV   # the base directory, from the batch script
+from ..runs.rundir import NODE_SHM_VARIABLE
+from ..world import from_env
 
-BACKING = "OMPI_MCA_btl_vader_backing_directory"
+BACKING = "OMPI_MCA_btl_vader_backing_directory"   # Open MPI 4's; the batch script names another
+
+
+def backing(env=os.environ) -> str:
+    """The MPI's variable for its shared-memory directory (Open MPI 5: btl_sm_...)."""
+    return env.get(NODE_SHM_VARIABLE) or BACKING
 
 
 def node_directory(base: str, env=os.environ) -> Path:
     """This job's directory for this node's segments: BASE/hpcsuite-UID-JOB-NODE."""
-    job = env.get("SLURM_JOB_ID", "nojob")
-    node = env.get("SLURMD_NODENAME") or env.get("SLURM_TOPOLOGY_ADDR") or "node"
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"hpcsuite-{os.getuid()}-{job}-{node}")
+    world = from_env(env)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_",
+                  f"hpcsuite-{os.getuid()}-{world.job_id or 'nojob'}-{world.node}")
     return Path(base) / name
 
 
 def private_shm(env=os.environ) -> str | None:
     """Point Open MPI's shared-memory segments at a directory of this node's own when the
     batch script asked for it and nobody chose a backing directory; a line saying so."""
-    base = env.get(ENV)
-    if not base or env.get(BACKING):
+    base, variable = env.get(ENV), backing(env)
+    if not base or env.get(variable):
         return None
     path = node_directory(base, env)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    env[BACKING] = str(path)
+    env[variable] = str(path)
     # registered before Horovod is imported, so it runs after Horovod's own exit handler
     # has shut MPI down and the segments are gone
     atexit.register(remove_private_shm, env)
@@ -48,10 +55,10 @@ def private_shm(env=os.environ) -> str | None:
 
 def remove_private_shm(env=os.environ) -> None:
     """Remove this node's directory once it is empty (the last rank of the node to leave)."""
-    base = env.get(ENV)
-    if not base or env.get(BACKING) != str(node_directory(base, env)):
+    base, variable = env.get(ENV), backing(env)
+    if not base or env.get(variable) != str(node_directory(base, env)):
         return
     try:
-        os.rmdir(env[BACKING])
+        os.rmdir(env[variable])
     except OSError:
         pass   # another rank of this node still holds a segment, or it is gone already

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from ..records import Record, record
 from ..errors import UserError, close_match
+from .mpi_flavours import binding, flavour
 from .site_profile import Mpi
 from ..shell import Raw
 from .spec import JobSpec
@@ -21,11 +22,7 @@ class LaunchContext(Record):
     command: tuple[object, ...]      # what every rank runs
     env_names: tuple[str, ...]       # variables every rank must see
     srun_options: tuple[object, ...] = ()   # srun options a container runtime needs (pyxis)
-
-
-def binding(ctx: LaunchContext, key: str) -> str | None:
-    """The job's CPU binding setting ``key``, else the site's (mpi.binding)."""
-    return getattr(ctx.job.resources.binding, key) or getattr(ctx.mpi.binding, key)
+    python: str = "python3"                 # the site's interpreter on the nodes (hpcsuite's own helpers)
 
 
 class Launcher:
@@ -36,25 +33,17 @@ class Launcher:
 
 
 class MpirunLauncher(Launcher):
-    """OpenMPI's mpirun; under Slurm it starts its daemons with srun (no ssh)."""
+    """The MPI's own launcher (:mod:`hpcsuite.submit.mpi_flavours`): Open MPI's mpirun, the
+    Hydra mpiexec of MPICH and Intel MPI; under Slurm each starts its daemons with srun (no
+    ssh)."""
 
     name = "mpirun"
 
     def argv(self, ctx: LaunchContext) -> list[object]:
-        r = ctx.job.resources
+        own = flavour(ctx.mpi.flavour)
         if ctx.srun_options:
             raise UserError("launcher: the site's container runtime needs srun; set launcher: srun")
-        # Horovod's runner flags by default (mpi.binding): fill each node's slots in order
-        # (under Slurm, a node's slots are its tasks per node), and no core binding: each rank
-        # manages its own threads.
-        argv: list[object] = ["mpirun", "-np", ctx.job.world_size, "-npernode", r.tasks_per_node,
-                              "--map-by", binding(ctx, "map_by") or "slot",
-                              "--bind-to", binding(ctx, "bind_to") or "none"]
-        for key, value in ctx.mpi.mca.items():
-            argv += ["--mca", key, value]
-        for name in ctx.env_names:
-            argv += ["-x", name]
-        return argv + list(ctx.mpi.mpirun_args) + list(ctx.command)
+        return own.mpirun(ctx) + list(ctx.mpi.mpirun_args) + list(ctx.command)
 
 
 class SrunLauncher(Launcher):
@@ -66,7 +55,7 @@ class SrunLauncher(Launcher):
         r = ctx.job.resources
         cpu_bind = binding(ctx, "cpu_bind")
         gpu_bind = binding(ctx, "gpu_bind") if r.gpus_per_node or r.gpus_per_task else None
-        return ["srun", f"--mpi={ctx.mpi.srun_mpi}", "--kill-on-bad-exit=1",
+        return ["srun", f"--mpi={ctx.mpi.srun_plugin()}", "--kill-on-bad-exit=1",
                 f"--ntasks={ctx.job.world_size}", f"--ntasks-per-node={r.tasks_per_node}",
                 f"--cpus-per-task={r.cpus_per_task}",
                 *([f"--cpu-bind={cpu_bind}"] if cpu_bind else []),

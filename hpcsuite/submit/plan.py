@@ -14,6 +14,7 @@ from ..runs import rundir
 from . import containers, preflight
 from .containers import ContainerLaunch
 from .launchers import LaunchContext, get_launcher
+from .mpi_flavours import flavour
 from .site_profile import SiteProfile
 from .sbatch_header import HeaderError, check_fixed
 from ..shell import Raw, join
@@ -31,34 +32,9 @@ def horovod_environment(job: JobSpec) -> dict[str, str]:
     return environment(job.train.horovod, files, bool(job.train.monitor.timeline_steps))
 
 
-RANK_STOP_SECONDS = 10   # mpirun's ranks' time to save after Slurm's SIGTERM (KillWait bounds it)
-
-
 def mpi_environment(job: JobSpec, profile: SiteProfile) -> dict[str, str]:
-    """OpenMPI settings a job's ranks need beyond the site's MCA parameters.
-
-    A rank given one core shares it with Horovod's background thread, which makes the MPI
-    calls. OpenMPI busy-polls while it waits unless it knows a node is oversubscribed, and it
-    cannot know this one is: the polling thread then holds the core the rank computes on (on
-    the local cluster single 2-rank runs swung 10x). Such ranks yield while they wait. A site
-    decides otherwise with ``mpi.mca.mpi_yield_when_idle`` in its profile; a job with
-    ``env``.
-
-    When Slurm ends a job itself (``scontrol requeue``, a preemption without the warning
-    signal, a cancel) its SIGTERM reaches mpirun and every rank at once; mpirun exits, and each
-    node's orted ends its ranks with a SIGKILL ``odls_base_sigkill_timeout`` seconds (1 by
-    default) after its own SIGTERM: too soon for the ranks to agree and save (seen: 1 requeue
-    in 8 lost its save). The ranks are given :data:`RANK_STOP_SECONDS`, as srun gives them
-    Slurm's KillWait; a site sets ``mpi.mca.odls_base_sigkill_timeout`` for larger
-    checkpoints."""
-    env = {}
-    if job.resources.cpus_per_task < 2 and "mpi_yield_when_idle" not in profile.mpi.mca:
-        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    if "odls_base_sigkill_timeout" not in profile.mpi.mca:
-        env["OMPI_MCA_odls_base_sigkill_timeout"] = str(RANK_STOP_SECONDS)
-    if profile.mpi.nodes_share_host:   # each node's ranks their own segments (runtime/shm.py)
-        env[rundir.NODE_PRIVATE_SHM] = "/dev/shm"
-    return env
+    """The settings the ranks of the site's MPI need (:meth:`mpi_flavours.Flavour.environment`)."""
+    return flavour(profile.mpi.flavour).environment(job, profile.mpi)
 
 
 @record
@@ -250,7 +226,7 @@ def launch_line(job: JobSpec, profile: SiteProfile, args: list, environment: dic
         container = containers.launch(job, profile.container, args)
     ctx = LaunchContext(job=job, mpi=profile.mpi, command=container.command,
                         env_names=("PATH", rundir.ENV, *container.env_names, *environment),
-                        srun_options=container.srun_options)
+                        srun_options=container.srun_options, python=profile.interpreter())
     return join(get_launcher(job.launcher).argv(ctx)), container
 
 
@@ -296,6 +272,9 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         # (and so the job) unrecorded; trapped, the ranks stop and the attempt says so.
         "forward_signals": job.train.checkpoint.enabled or signal_lead > 0,
         "python": profile.interpreter(),
+        # where the MPI's own launcher takes a TERM as an abort (Open MPI 5's prterun)
+        "launcher_signals": (flavour(profile.mpi.flavour).launcher_signals(job.train.preemption.signal)
+                             if job.launcher == "mpirun" else None),
         "world_size": job.resources.nodes * job.resources.tasks_per_node,
     }
     script = render(path, job.template, context)

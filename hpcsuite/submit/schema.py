@@ -176,6 +176,7 @@ def _literal(args, value, source, path, meta):
     if isinstance(value, (dict, list)) or value not in args:
         choices = ", ".join(str(a) for a in args)
         hint = close_match(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
+        hint = meta.get("hints", {}).get(value, hint) if isinstance(value, str) else hint
         raise ConfigError(source, path, f"{show(value)} is not one of: {choices}{hint}")
     return value
 

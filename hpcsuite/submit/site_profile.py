@@ -14,6 +14,7 @@ from ..fabrics import unknown_preset
 from ..records import Record, meta, record
 from .spec import (CONSTRAINT, CONSTRAINT_HELP, NAME, NAME_HELP, WALLTIME, WALLTIME_HELP, Binding,
                    path_problem)
+from .mpi_flavours import DEFAULT_MCA
 from .tracking import URI_HELP, uri_problem
 from .values import BIND, BIND_HELP, IMAGE_PATTERN, IMAGE_PATTERN_HELP
 
@@ -91,15 +92,20 @@ class Partition(Record):
 
 @record
 class Mpi(Record):
-    flavour: str = field(default="openmpi", metadata=meta("the MPI library the ranks use",
-                                                        pattern=r"openmpi",
-                                                        pattern_help="supported: openmpi"))
-    srun_mpi: str = field(default="pmix", metadata=meta(
-        "srun --mpi plugin", pattern=r"pmix(_v\d)?|pmi2|none", pattern_help="pmix, pmix_vN, pmi2 or none"))
+    flavour: Literal["openmpi", "openmpi5", "mpich", "intelmpi"] = field(
+        default="openmpi", metadata=meta(
+            "the MPI library the ranks use (hpcsuite/submit/mpi_flavours.py): openmpi (4.x), "
+            "openmpi5, mpich or intelmpi; it decides the launch line of launcher: mpirun "
+            "(Open MPI's mpirun, Hydra's mpiexec for mpich and intelmpi), how the environment "
+            "and binding reach the ranks, and srun's default --mpi plugin"))
+    srun_mpi: Optional[str] = field(default=None, metadata=meta(
+        "srun --mpi plugin (default: pmix for Open MPI, pmi2 for mpich and intelmpi)",
+        pattern=r"pmix(_v\d)?|pmi2|none", pattern_help="pmix, pmix_vN, pmi2 or none"))
     # Horovod's runner uses these with OpenMPI: ob1 over TCP/shared memory and no openib BTL,
     # which warns and can hang with fork(). InfiniBand sites usually set pml: ucx.
-    mca: dict[str, str] = field(default_factory=lambda: {"pml": "ob1", "btl": "^openib"},
-                                metadata=meta("OpenMPI MCA parameters for mpirun (--mca KEY VALUE)",
+    mca: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MCA),
+                                metadata=meta("Open MPI MCA parameters for mpirun (--mca KEY "
+                                              "VALUE); mpich and intelmpi have none",
                                             key_pattern=r"[a-z][a-z0-9_]*",
                                             key_help="not an MCA parameter name",
                                             keys="MCA parameter names"))
@@ -107,11 +113,18 @@ class Mpi(Record):
         "the site's Slurm nodes are several slurmd on one machine (as `hpcsuite cluster up` "
         "runs them): each node's ranks get their own Open MPI shared-memory directory, whose "
         "segments would otherwise collide between nodes"))
-    mpirun_args: list[str] = field(default_factory=list, metadata=meta("extra mpirun arguments"))
+    mpirun_args: list[str] = field(default_factory=list, metadata=meta(
+        "extra arguments of the MPI's own launcher (mpirun, or mpiexec for mpich and intelmpi)"))
     srun_args: list[str] = field(default_factory=list, metadata=meta("extra srun arguments"))
     binding: Binding = field(default_factory=lambda: Binding("none", "slot", None), metadata=meta(
         "CPU binding: mpirun --bind-to/--map-by and srun --cpu-bind; a job's "
         "resources.binding overrides it unless the site locks resources.binding"))
+
+    def srun_plugin(self) -> str:
+        """srun's --mpi plugin: the profile's, else the one the flavour's MPI speaks."""
+        from .mpi_flavours import flavour
+
+        return self.srun_mpi or flavour(self.flavour).srun_mpi
 
 
 @record

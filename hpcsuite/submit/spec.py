@@ -384,6 +384,10 @@ class Preflight(Record):
         return self.fabric is not None or self.gpu
 
 
+LAUNCHER_HINT = ("; launcher: mpirun means the MPI's own launcher, which is mpiexec for the "
+                 "site profile's mpi.flavour mpich or intelmpi")
+
+
 @record
 class JobSpec(Record):
     name: str = field(metadata=meta("job name", pattern=NAME, pattern_help=NAME_HELP))
@@ -391,8 +395,10 @@ class JobSpec(Record):
         "the sbatch template, NAME.sbatch.j2 found first on the search path: --template-dir, "
         "the project's, the user's, the site's, the built-in ones", pattern=TEMPLATE_NAME, pattern_help="a template name: letters, digits, _ . - (no /)"))
     launcher: Literal["mpirun", "srun"] = field(default="mpirun", metadata=meta(
-        "how the batch script starts the ranks: mpirun (OpenMPI) or srun (with the site's "
-        "mpi.srun_mpi plugin, pmix by default)"))
+        "how the batch script starts the ranks: mpirun, the MPI's own launcher (Open MPI's "
+        "mpirun, Hydra's mpiexec for the site's mpi.flavour mpich or intelmpi), or srun (with "
+        "the site's mpi.srun_mpi plugin: pmix for Open MPI, pmi2 for MPICH, by default)",
+        hints={"mpiexec": LAUNCHER_HINT, "mpiexec.hydra": LAUNCHER_HINT}))
     output_dir: str = field(default="runs", metadata=meta(
         "where run directories go, relative to the submit directory (it names the Slurm log in "
         "the #SBATCH header, so only plain path characters)", pattern=PATH, pattern_help=PATH_HELP,
