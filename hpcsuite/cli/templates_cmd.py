@@ -113,7 +113,9 @@ def validate(directory, profile_path):
 @set_option
 @click.option("--slurm/--no-slurm", "against_slurm", default=None,
               help="Check the job against the partitions of the Slurm that SLURM_CONF points to "
-                   "(nodes, CPUs and GPUs per node). Default: when Slurm answers.")
+                   "(nodes, CPUs and GPUs per node), and its rendered script against what "
+                   "changed in that Slurm's release since 22.05 (docs/admin/slurm-versions.md). "
+                   "Default: when Slurm answers.")
 @click.option("--build", is_flag=True,
               help="Also open the job's data and build its model here, in one process, as a "
                    "rank does when it starts: a data factory's return, the model's backend and "
@@ -138,6 +140,10 @@ def lint(spec, profile_path, sets, against_slurm, build):
             # would say again in other words (the partition's CPUs, GPUs, nodes).
             refused = {f.key for f in findings if f.level == "error"}
             findings += [f for f in slurm_findings(r.job) if f.key not in refused]
+            if not refused:      # the rendered script against what changed after 22.05
+                from ..runner.against_slurm import rendered, rule_findings
+
+                findings += rule_findings(rendered(r)[r.job.launcher])
         except UserError as e:
             if against_slurm:
                 raise

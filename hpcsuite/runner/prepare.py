@@ -82,6 +82,13 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
     except UserError as e:
         e.warnings = warnings
         raise
+    if against_slurm:        # what changed in Slurm after 22.05, on the script it will read
+        from .against_slurm import rule_findings
+
+        more = rule_findings(request.script)
+        warnings += [f for f in more if f.level == "warning"]
+        if any(f.level == "error" for f in more):
+            raise LintFailed(spec, [f for f in more if f.level == "error"], warnings)
     # Absolute: sbatch runs there, so a path under it given relative to here (the staged
     # script's) would be taken from inside it a second time.
     request = dataclasses.replace(request, spec=str(Path(spec).resolve()),

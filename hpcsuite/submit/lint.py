@@ -119,7 +119,7 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
                            "a timeline window and train.horovod.timeline (the whole run) exclude "
                            "each other; set one"))
     r = job.resources
-    out += gpu_findings(job, profile)
+    out += gpu_findings(job, profile) + mpi_findings(job, profile)
     from .tracking import tracking_problems
     out += [Finding("warning", "train.tracking.mlflow", m) for m in tracking_problems(job, profile)]
     if walltime_seconds(r.time) == 0 and not profile.allow_unlimited_time:
@@ -199,6 +199,18 @@ def gpu_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
     if r.gpu_sharing and not (r.gpus_per_node and r.tasks_per_node > r.gpus_per_node):
         out.append(Finding("warning", "resources.gpu_sharing",
                            "true has no effect: no more ranks per node than gpus_per_node"))
+    return out
+
+
+def mpi_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
+    """What the site's MPI (mpi.flavour) cannot do with its profile or this job's launcher."""
+    from .mpi_flavours import flavour
+
+    mpi = profile.mpi
+    out = [Finding("warning", key, why) for key, why in flavour(mpi.flavour).problems(job, profile)]
+    if job.launcher == "srun" and mpi.srun_plugin() == "none" and job.world_size > 1:
+        out.append(Finding("error", "mpi.srun_mpi", f"none: srun would start {job.world_size} "
+                           "ranks that each see a world of one; use pmix or pmi2"))
     return out
 
 
@@ -298,8 +310,9 @@ def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
     with tempfile.TemporaryDirectory(prefix="hpcsuite-build-") as tmp:
         path = RunDir(tmp).job           # where a rank finds it: $HPCSUITE_RUN_DIR
         path.write_text(json.dumps(job.to_dict()))
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", HPCSUITE_RUN_DIR=tmp)
+        env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", HPCSUITE_RUN_DIR=tmp)
+        if os.geteuid() == 0:   # Open MPI refuses root unless told; no other account is told
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         # Through the one module that runs programs (argv, timeout: a hang is one line, exit 2).
         done = slurm.call([sys.executable, "-m", "hpcsuite.runtime.preflight", str(path)],
                           cwd=str(base or Path.cwd()), env=env, timeout=BUILD_TIMEOUT, check=False)

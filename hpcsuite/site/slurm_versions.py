@@ -1,0 +1,68 @@
+"""`doctor`'s answers about versions: the Slurm it meets (``sbatch --version``, ``scontrol show
+config``) with :mod:`hpcsuite.submit.slurm_rules` applied to the site profile's scripts, and the
+MPI family and version its launcher says it is. Pure judges of recorded output: doctor asks."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from ..submit.slurm_rules import SlurmFacts, dotted, facts_from, pmix_topology_note, script_hits
+from .horovod_mpi import mpi_identity
+
+# What the launcher of each mpi.flavour prints and is called (submit/mpi_flavours.py owns the
+# launch line; doctor asks the same program).
+FAMILIES = {"openmpi": ("openmpi", "mpirun"), "openmpi5": ("openmpi", "mpirun"),
+            "mpich": ("mpich", "mpiexec"), "intelmpi": ("intelmpi", "mpiexec")}
+NAMES = {"openmpi": "Open MPI", "mpich": "MPICH", "intelmpi": "Intel MPI"}
+
+
+def describe(facts: SlurmFacts) -> str:
+    c = facts.config
+    return (f"Slurm {facts.name}; PreemptMode {c.get('PreemptMode', '?')}, TaskPlugin "
+            f"{c.get('TaskPlugin', '?')}, MpiDefault {c.get('MpiDefault', '?')}")
+
+
+def judge_slurm(version: tuple[int, str], config: tuple[int, str],
+                scripts: dict[str, str]) -> tuple[str, str, str]:
+    """(status, detail, hint) from ``(exit code, output)`` of ``sbatch --version`` and of
+    ``scontrol show config``, and the profile's rendered scripts by launcher."""
+    for (code, out), argv in ((version, "sbatch --version"), (config, "scontrol show config")):
+        if code != 0:
+            return "fail", f"{argv}: {(out.splitlines() or [f'exit {code}'])[-1][:200]}", \
+                "is the controller up and SLURM_CONF right?"
+    try:
+        facts = facts_from(version[1], config[1])
+    except UserError as e:
+        return "fail", str(e), "doctor reads Slurm 22.05 and later"
+    errors, warnings = [], []
+    for launcher, text in sorted(scripts.items()):
+        for hit in script_hits(text, facts):
+            said = f"{launcher} job: {hit.sentence(dotted(facts.server))}"
+            (errors if hit.level == "error" else warnings).append((said, hit.instead))
+    note = pmix_topology_note(facts)
+    if note and not any("PMIx" in said for said, _ in warnings):
+        warnings.append((note, ""))
+    seen = f"{describe(facts)}; the profile's scripts ({', '.join(sorted(scripts)) or 'none'})"
+    if errors or warnings:
+        found = errors or warnings
+        return ("fail" if errors else "warn"), f"{seen}: " + "; ".join(s for s, _ in found), \
+            found[0][1]
+    return "pass", f"{seen}: no rule of Slurm 23.02-26.05 fires", ""
+
+
+def judge_mpi(code: int, out: str, flavour: str = "openmpi") -> tuple[str, str, str]:
+    """(status, detail, hint) of the flavour's launcher's ``--version`` (exit code, output)."""
+    family, program = FAMILIES.get(flavour, FAMILIES["openmpi"])
+    first = out.splitlines()[0] if out else ""
+    if code != 0:
+        return "fail", first or f"{program} exit {code}", \
+            "load the MPI module in the profile (modules:) or install the MPI"
+    who = mpi_identity(out)
+    if who is None:
+        return "fail", f"{program} --version says no MPI hpcsuite knows: {first[:120]}", \
+            "set mpi.flavour to the MPI the site loads (openmpi, openmpi5, mpich, intelmpi)"
+    detail = f"{NAMES[who[0]]} {who[1]} ({program} --version)"
+    major5 = who[0] == "openmpi" and who[1].startswith("5.")     # openmpi is 4.x, openmpi5 5.x
+    if who[0] != family or (flavour == "openmpi5") != major5:
+        return "fail", f"{detail}, but the profile's mpi.flavour is {flavour}", \
+            f"set mpi.flavour to the MPI on PATH, or load the {NAMES[family]} module"
+    return "pass", detail, ""
