@@ -55,10 +55,11 @@ def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, st
     :class:`TimedOut`."""
     log.debug("run %s", argv)
     conf = (env if env is not None else os.environ).get("SLURM_CONF")
-    if conf and argv and argv[0] in CLIENTS and not os.path.isfile(conf):
+    if conf and argv and argv[0] in CLIENTS:
         # Slurm's commands retry a missing slurm.conf for a minute before they give up.
-        raise UserError(f"SLURM_CONF={conf}: no such file (set SLURM_CONF to the cluster's "
-                        "slurm.conf; for hpcsuite's local cluster: eval \"$(hpcsuite cluster env)\")")
+        unusable = conf_problem(conf)
+        if unusable:
+            raise UserError(unusable)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env=env if env is not None else slurm_env(), cwd=cwd,
@@ -71,6 +72,27 @@ def call(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, st
     if check and proc.returncode != 0:
         raise failure(done, env)
     return done
+
+
+def conf_problem(conf: str) -> str | None:
+    """Why Slurm's commands cannot use the slurm.conf at ``conf`` (None when they can): absent,
+    or not readable by this account (Slurm's commands read it as the user who runs them)."""
+    try:
+        os.stat(conf)
+    except PermissionError:
+        return (f"SLURM_CONF={conf}: this account cannot reach it (a directory on its path is "
+                "closed to it): every account that submits needs to read the cluster's "
+                "slurm.conf; ask the cluster's admin (docs/CLUSTER.md, \"Every account\")")
+    except OSError:
+        pass
+    if not os.path.isfile(conf):
+        return (f"SLURM_CONF={conf}: no such file (set SLURM_CONF to the cluster's "
+                "slurm.conf; for hpcsuite's local cluster: eval \"$(hpcsuite cluster env)\")")
+    if not os.access(conf, os.R_OK):
+        return (f"SLURM_CONF={conf}: this account cannot read it: every account that submits "
+                "needs to read the cluster's slurm.conf; ask the cluster's admin "
+                "(docs/CLUSTER.md, \"Every account\")")
+    return None
 
 
 def failure(done: Completed, env: dict[str, str] | None = None) -> UserError:

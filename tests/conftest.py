@@ -124,3 +124,57 @@ def local_cluster(tmp_path_factory):
     finally:
         cluster.down()
         assert not any(cluster.states().values()), "a cluster daemon survived `down`"
+
+
+SLURM_22_05 = Path(__file__).parent / "data" / "slurm" / "22.05.8"
+
+
+def slurm_says_its_release(argv):
+    """For a fake slurm.call: what the local cluster's Slurm 22.05 answers to `sbatch --version`
+    and `scontrol show config` (recorded; submit applies that release's rules), else None."""
+    from hpcsuite import slurm
+
+    if argv[:2] == ["sbatch", "--version"] or argv[:3] == ["scontrol", "show", "config"]:
+        name = "sbatch-version.txt" if argv[0] == "sbatch" else "scontrol-show-config.txt"
+        return slurm.Completed(argv, 0, (SLURM_22_05 / name).read_text(), "")
+    return None
+
+
+TEST_ACCOUNT = "hpcuser"    # made by scripts/test_account.sh (setup.sh runs it as root)
+
+
+def as_account(fn):
+    """``fn()`` in a forked child that runs as the unprivileged test account, for a test of a
+    file the user cannot read (root reads any file); what it returns (JSON-able). Not root:
+    ``fn()`` here. The child has what this process imported, and needs no Python of its own."""
+    import json
+    import pwd
+
+    if os.geteuid() != 0:
+        return fn()
+    try:
+        pw = pwd.getpwnam(TEST_ACCOUNT)
+    except KeyError:
+        pytest.skip(f"no account {TEST_ACCOUNT}: scripts/test_account.sh makes it (as root)")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: never back into pytest
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            out = json.dumps({"result": fn()})
+        except BaseException as e:  # noqa: BLE001 - reported by the parent
+            out = json.dumps({"error": repr(e)})
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 1 << 16):
+        data += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    answer = json.loads(data)
+    assert "error" not in answer, f"as {TEST_ACCOUNT}: {answer.get('error')}"
+    return answer["result"]

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hpcsuite import slurm
 from hpcsuite.cli import main
 
-from conftest import SBATCH
+from conftest import SBATCH, slurm_says_its_release
 
 QUICK = str(SBATCH / "quickstart.yaml")
 PROFILE = str(SBATCH / "profile.yaml")
@@ -64,9 +64,12 @@ NODES = "node1|4|(null)\nnode2|4|(null)\n"
 
 
 def partition_answer(argv):
-    """What scontrol/sinfo say of a 2-node partition `debug` (4 CPUs a node), or None."""
+    """What scontrol/sinfo say of a 2-node partition `debug` (4 CPUs a node), and what the
+    local cluster's Slurm 22.05 says of itself (submit applies its release's rules), or None."""
     if argv[0] == "scontrol" and argv[1:3] == ["show", "partition"]:
         return slurm.Completed(argv, 0, PARTITIONS, "")
+    if slurm_says_its_release(argv):
+        return slurm_says_its_release(argv)
     if argv[0] == "sinfo":
         return slurm.Completed(argv, 0, NODES, "")
     return None

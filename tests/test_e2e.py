@@ -31,6 +31,12 @@ def test_quickstart_trains_on_two_ranks(local_cluster, tmp_path):
     assert "slurm" in results["versions"]["slurm"] and "Open MPI" in results["versions"]["mpi"]
     assert {p.name for p in run_dir.iterdir()} >= {"job.sbatch", "job.json", "submit.json",
                                                    "rank-0.json", "rank-1.json", "results.json"}
+    # The batch shell's attempt record and the ranks' records name the same Slurm node (the
+    # machine's host name is the same for node1 and node2): hpcsuite/world.py read both.
+    [attempt] = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    ranks = [json.loads((run_dir / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert attempt["host"] == "node1" and ranks[0]["host"] == "node1", (attempt, ranks[0])
+    assert ranks[1]["host"] == "node2"
     # What the user is shown: ranks, throughput, loss and where the outputs are.
     assert "2 ranks on" in proc.stdout and "samples/s" in proc.stdout and str(run_dir) in proc.stdout
 

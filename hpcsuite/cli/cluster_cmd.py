@@ -23,8 +23,8 @@ def cluster():
     virtual nodes) for demos and tests.
 
     State, config, database and logs live in $HPCSUITE_CLUSTER_DIR
-    (default ~/.local/state/hpcsuite/cluster); /etc/slurm and the system's MariaDB are never
-    touched. Point your shell (Slurm's commands and hpcsuite) at it with
+    (default /var/lib/hpcsuite/cluster, which every account can read: jobs run as the
+    user who submits them); /etc/slurm and the system's MariaDB are never touched. Point your shell (Slurm's commands and hpcsuite) at it with
     eval "$(hpcsuite cluster env)": SLURM_CONF, and HPCSUITE_PROFILE for the cluster's own
     site profile (its partitions).
     """

@@ -27,8 +27,10 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
+from .horovod_mpi import flavour_on_path
 from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, gpu_devices,
-                         render_conf, render_dbd_conf, render_gres_conf, render_profile)
+                         make_device, render_conf, render_dbd_conf, render_gres_conf,
+                         render_profile)
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +56,15 @@ def _affinity(pid: int | None) -> set[int] | None:
         return None
 
 
+# Where the cluster lives unless HPCSUITE_CLUSTER_DIR says: a system place every account can
+# reach, since it serves them all (root starts it; each user's Slurm commands read its
+# slurm.conf and talk to its munge socket). It was ~/.local/state under root's home (mode 700).
+DEFAULT_DIR = Path("/var/lib/hpcsuite/cluster")
+
+
 def cluster_dir() -> Path:
     env = os.environ.get("HPCSUITE_CLUSTER_DIR")
-    if env:
-        return Path(env).absolute()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "hpcsuite" / "cluster"
+    return Path(env).absolute() if env else DEFAULT_DIR
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,9 @@ class LocalCluster:
         self.gpus = gpus         # GPUs per node declared to Slurm (gres), backed by device files
         self.conf = self.root / "etc" / "slurm.conf"
         self.profile = self.root / "etc" / "hpcsuite" / "profile.yaml"
-        self.munge_socket = self.root / "munge" / "munge.socket.2"
+        # Beside the pid files, not in munge/ (the key's, mode 700): every account's Slurm
+        # commands connect to it.
+        self.munge_socket = self.root / "run" / "munge.socket.2"
         self.db_socket = self.root / "db" / "mariadb.sock"
         self.hostname = socket.gethostname()
         # Accounting (slurmdbd + MariaDB) when both are installed, unless told.
@@ -142,6 +149,10 @@ class LocalCluster:
         for d in ("etc/hpcsuite", "munge", "run", "log", "state", "db",
                   *[f"spool/{n}" for n in NODES], *[f"tmp/{n}" for n in NODES]):
             self._path(d).mkdir(parents=True, exist_ok=True)
+        # What every account reads (config, profile, the munge socket's directory) is open to
+        # all, whatever root's umask; the munge key and the database are root's.
+        for d in ("", "etc", "etc/hpcsuite", "run", "log"):
+            os.chmod(self._path(d), 0o755)
         os.chmod(self._path("munge"), 0o700)
         os.chmod(self._path("db"), 0o700)
         key = self._path("munge", "munge.key")
@@ -161,7 +172,10 @@ class LocalCluster:
         prolog = self._path("etc", "task_prolog.sh")
         prolog.write_text(TASK_PROLOG)
         os.chmod(prolog, 0o755)
-        self.profile.write_text(render_profile(self.gpus))
+        self.profile.write_text(render_profile(self.gpus, flavour_on_path(dict(os.environ))))
+        for path in (self.conf, gres, self.profile):
+            if path.exists():
+                os.chmod(path, 0o644)
         if self.accounting:
             dbd = self._path("etc", "slurmdbd.conf")
             dbd.write_text(render_dbd_conf(self.root, self.port, self.hostname, self.munge_socket,
@@ -241,6 +255,11 @@ class LocalCluster:
                     raise UserError(f"port {port} for {d.name} is already in use; "
                                     f"stop whatever listens there or use --port")
             self._prepare()
+            closed = closed_to_others(self.root)
+            if closed:
+                notes.append(f"{closed} is closed to other accounts (mode "
+                             f"{closed.stat().st_mode & 0o777:o}): only root can use this cluster;"
+                             f" HPCSUITE_CLUSTER_DIR elsewhere (default {DEFAULT_DIR}) serves all")
             started = []
             try:
                 for d in self.daemons():
@@ -367,21 +386,15 @@ class LocalCluster:
 
 # ---------------------------------------------------------------------- helpers
 
-def make_device(path: Path) -> None:
-    """A character device file for a GPU Slurm hands out: slurmd accepts only devices in
-    gres.conf, and takes their numbers for its device cgroup. /dev/null's numbers: what a
-    rank opening it would reach is harmless (the cluster has task/none, no device cgroup)."""
-    import stat
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_char_device():
-        return
-    path.unlink(missing_ok=True)
-    try:
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    except OSError as e:
-        raise UserError(f"{path}: cannot make the device file a GPU of the local cluster needs "
-                        f"({e.strerror}); `cluster up --gpus` needs root") from None
+def closed_to_others(path: Path) -> Path | None:
+    """The first directory from / down to ``path`` that other accounts cannot enter."""
+    for d in [*reversed(path.parents), path]:
+        try:
+            if not d.stat().st_mode & 0o001:
+                return d
+        except OSError:
+            return d
+    return None
 
 
 def _alive(pid: int) -> bool:

@@ -7,7 +7,10 @@ owns what they say: the nodes, the partitions, and the ports laid out from slurm
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from ..errors import UserError
 
 NODES = ("node1", "node2")   # slurmd of node i listens on slurmctld's port + i + 1
 PARTITION = "debug"
@@ -118,6 +121,23 @@ def gpu_devices(root: Path, node: str, gpus: int) -> list[Path]:
     return [root / "dev" / node / f"nvidia{i}" for i in range(gpus)]
 
 
+def make_device(path: Path) -> None:
+    """A character device file for a GPU Slurm hands out: slurmd accepts only devices in
+    gres.conf, and takes their numbers for its device cgroup. /dev/null's numbers: what a
+    rank opening it would reach is harmless (the cluster has task/none, no device cgroup)."""
+    import stat
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_char_device():
+        return
+    path.unlink(missing_ok=True)
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError as e:
+        raise UserError(f"{path}: cannot make the device file a GPU of the local cluster needs "
+                        f"({e.strerror}); `cluster up --gpus` needs root") from None
+
+
 def render_gres_conf(root: Path, gpus: int) -> str:
     """gres.conf: each node's GPUs, by their device files."""
     lines = ["# Written by `hpcsuite cluster up --gpus N`; regenerated on every start."]
@@ -163,10 +183,12 @@ def node_shape(gpus: int = 0) -> str:
     return text + (f" with {gpus} GPU{'s' if gpus > 1 else ''} each" if gpus else "")
 
 
-def render_profile(gpus: int = 0) -> str:
+def render_profile(gpus: int = 0, flavour: str | None = None) -> str:
     """The local cluster's site profile: its partitions, its fabric and the partition a job
-    without one goes to, as a site describes its own."""
+    without one goes to, as a site describes its own; ``flavour``: the ``mpi.flavour`` of the
+    MPI on this machine when it is not the default (Open MPI 4), as on Debian 13 (Open MPI 5)."""
     shape = f"cpus_per_node: {gpus}, gpus_per_node: {gpus}" if gpus else "cpus_per_node: 1"
+    which = f"  flavour: {flavour}   # the MPI on this machine (mpirun --version)\n" if flavour else ""
     parts = "\n".join(f"  {p}: {{{shape}}}" for p in (PARTITION, OTHER_PARTITION))
     return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
             f"# cluster ({node_shape(gpus)} on this machine). `hpcsuite cluster env` points\n"
@@ -174,6 +196,7 @@ def render_profile(gpus: int = 0) -> str:
             "name: local\n"
             "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
             "mpi:\n"
+            f"{which}"
             "  nodes_share_host: true   # node1 and node2 are one machine: each its own MPI segments\n"
             f"partitions:\n{parts}\n"
             f"# Slurm's default partition ({PARTITION}), named so a job without one is checked\n"
