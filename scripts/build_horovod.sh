@@ -139,6 +139,10 @@ patch_source() {
     || sed -i 's/#include <functional>/#include <functional>\n#include <stdexcept>/' "$src/horovod/common/common.h"
   # 6: CUDA 13's nvcc has no C++11 mode; the CUDA kernels are plain C++17 (as torch's are).
   sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$src/horovod/common/ops/cuda/CMakeLists.txt"
+  # 7: g++ 14 (Debian 13) refuses the bundled flatbuffers' span::operator=, which assigns its
+  #    const count_ (an error even uninstantiated); nothing uses it (it could never compile if
+  #    called): drop it, as flatbuffers itself did.
+  sed -i '/span &operator=(const span &other)/,/^  }/d' "$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
   for f in "$src/horovod/torch/CMakeLists.txt" "$src/CMakeLists.txt"; do
     grep -q 'CMAKE_CXX_STANDARD 17' "$f" || die "C++17 patch did not apply to $f (sdist changed?)"
   done
@@ -147,6 +151,8 @@ patch_source() {
   grep -q '#include <string>' "$src/horovod/common/group_table.h" || die "<string> patch did not apply"
   grep -q '#include <stdexcept>' "$src/horovod/common/common.h" || die "<stdexcept> patch did not apply"
   grep -q 'CMAKE_CUDA_STANDARD 17' "$src/horovod/common/ops/cuda/CMakeLists.txt" || die "CUDA standard patch did not apply"
+  ! grep -q 'span &operator=(const span &other)' "$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h" \
+    || die "flatbuffers span patch did not apply"
 }
 
 case ${1:-} in

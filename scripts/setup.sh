@@ -16,14 +16,13 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# scripts/setup.sh --mpi openmpi5|mpich: a venv and Horovod for another MPI (scripts/setup_mpi.sh).
+if [[ ${1:-} == --mpi ]]; then exec bash "$REPO/scripts/setup_mpi.sh" "${2:-}"; fi
 VENV=${HPCSUITE_VENV:-$REPO/.venv}
 CACHE=${HPCSUITE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hpcsuite}
 PYTHON=${PYTHON:-python3}
 
-HOROVOD_VERSION=0.28.1
-TORCH_VERSION=2.13.0
-TF_VERSION=2.21.0
-MPI4PY_VERSION=4.1.2
+. "$REPO/scripts/common.sh"   # HOROVOD_VERSION, TORCH_VERSION, TF_VERSION, MPI4PY_VERSION, pip_q, have
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -54,29 +53,15 @@ if ((${#missing[@]})); then
   if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
 fi
 
-# ---------------------------------------------------------------- venv + Python packages
-"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null \
-  || die "$PYTHON is not Python 3.11 (set PYTHON=...)"
-if [[ ! -x $VENV/bin/python ]]; then
-  say "creating venv $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY=$VENV/bin/python
-# pip's config on these machines names local index folders that may be absent; its
-# "Location ... is ignored" warnings are noise, everything else is shown.
-pip_q() { "$PY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+# Lmod unpacked beside Environment Modules (its package would remove them): scripts/setup_lmod.sh.
+bash "$REPO/scripts/setup_lmod.sh"
 
-have() { "$PY" - "$@" <<'PYEOF'
-import sys
-from importlib.metadata import version, PackageNotFoundError
-name, want = sys.argv[1], sys.argv[2]
-try:
-    got = version(name)
-except PackageNotFoundError:
-    sys.exit(1)
-sys.exit(0 if got.split("+")[0] == want else 1)
-PYEOF
-}
+# The unprivileged account the end-to-end tests submit as (tests/test_e2e_nonroot.py).
+[[ $(id -u) != 0 ]] || bash "$REPO/scripts/test_account.sh"
+
+# ---------------------------------------------------------------- venv + Python packages
+make_venv
+PY=$VENV/bin/python
 
 have torch "$TORCH_VERSION" || { say "installing torch==$TORCH_VERSION (CPU)"; pip_q "torch==$TORCH_VERSION"; }
 have tensorflow-cpu "$TF_VERSION" || { say "installing tensorflow-cpu==$TF_VERSION"; pip_q "tensorflow-cpu==$TF_VERSION"; }

@@ -117,7 +117,8 @@ def test_the_slow_checks_run_side_by_side_and_doctor_says_what_it_waits_for(monk
     import time
 
     quick = doctor.Check("x", doctor.PASS, "ok")
-    for name in ("check_slurm", "check_accounting", "check_mpi", "check_infiniband", "check_gpus"):
+    for name in ("check_slurm", "check_accounting", "check_mpi", "check_infiniband", "check_gpus",
+                 "check_slurm_rules"):
         monkeypatch.setattr(doctor, name, lambda *a, **k: quick)
     monkeypatch.setattr(doctor, "check_pmi", lambda *a, **k: quick)
     monkeypatch.setattr(doctor, "check_network", lambda *a, **k: quick)
@@ -130,14 +131,17 @@ def test_the_slow_checks_run_side_by_side_and_doctor_says_what_it_waits_for(monk
 
     monkeypatch.setattr(doctor, "horovod_build", slow(build()))
     monkeypatch.setattr(doctor, "check_compute", slow(doctor.Check("compute", doctor.PASS, "probe")))
+    monkeypatch.setattr(doctor.horovod_mpi, "check", slow(("pass", "links the MPI on PATH", "")))
     said = []
     started = time.monotonic()
     checks = doctor.run_checks(SiteProfile(), progress=said.append)
     elapsed = time.monotonic() - started
-    assert elapsed < 1.0, elapsed                     # two 0.6 s waits at once, not 1.2 s
+    assert elapsed < 1.0, elapsed                     # three 0.6 s waits at once, not 1.8 s
     assert [c.name for c in checks][-2:] == ["fabric", "compute"], [c.name for c in checks]
-    assert checks[4].name == "horovod" and "GPU build: no CUDA, no NCCL" in checks[4].detail
+    horovod = next(c for c in checks if c.name == "horovod")
+    assert "GPU build: no CUDA, no NCCL" in horovod.detail
     assert said[0].startswith("waiting for Horovod's build") and "srun" in said[0]
-    assert [s.split(":")[0] for s in said[1:]] == ["horovod", "compute"], said
+    assert [s.split(":")[0] for s in said[1:]] == ["horovod", "horovod-mpi", "compute"], said
+    assert next(c for c in checks if c.name == "horovod-mpi").detail == "links the MPI on PATH"
     without = doctor.run_checks(SiteProfile(), compute=False, progress=said.append)
     assert "compute" not in [c.name for c in without]

@@ -333,12 +333,16 @@ def doctor(spec, profile_path, as_json, no_compute):
 
     \b
     slurm       the controller answers; the profile's partitions exist and are up
+    slurm-rules Slurm's version (sbatch and controller) and what changed since 22.05 on
+                the profile's scripts (or SPEC's): options removed or now refused
     accounting  sacct answers (slurmdbd): finished jobs stay findable (warns without)
     pmi         srun --mpi=list has the profile's mpi.srun_mpi
-    mpi         mpirun is OpenMPI (its version)
+    mpi         the flavour's launcher (mpirun or mpiexec): MPI family and version
     horovod     Horovod's build as horovodrun --check-build marks it (asked of
                 horovod.torch and horovod.tensorflow, seconds instead of check-build's
                 ~35 s): frameworks, MPI controller, NCCL where the profile has GPU partitions
+    horovod-mpi the libmpi that Horovod's library resolves to (ldd) and what it says it is,
+                against the launcher on PATH: a Horovod built against another MPI fails
     infiniband  devices, against the profile's pml
     network     interfaces named by NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES
                 or the profile's btl/oob_tcp_if_include exist
@@ -350,12 +354,13 @@ def doctor(spec, profile_path, as_json, no_compute):
     compute     one srun on a compute node: Python, numpy, torch, TensorFlow, Horovod,
                 and its GPUs' health
 
-    The slow checks (horovod, compute) run side by side; stderr says what doctor waits
-    for and when each is done. With SPEC, its launcher, partition and env are checked
-    too. Exit 0 when nothing failed (warnings allowed), 1 when a check failed, 2 on bad
+    The slow checks (horovod, horovod-mpi, compute) run side by side; stderr says what
+    doctor waits for and when each is done. With SPEC, its launcher, partition and env
+    are checked too. Exit 0 when nothing failed (warnings allowed), 1 when a check failed, 2 on bad
     input."""
     from ..submit.config import resolve
     from ..site.doctor import FAIL, report, run_checks
+    from ..runner.against_slurm import profile_scripts
 
     # Without a spec only the profile matters; the job layer needs a name to resolve.
     r = resolve(spec, profile_path, () if spec else ("name=doctor",))
@@ -363,7 +368,8 @@ def doctor(spec, profile_path, as_json, no_compute):
     checks = run_checks(r.profile, launcher=job.launcher if job else None,
                         partition=job.resources.partition if job else None,
                         env=dict(job.env) if job else None, compute=not no_compute,
-                        progress=lambda text: click.echo(f"doctor: {text}", err=True))
+                        progress=lambda text: click.echo(f"doctor: {text}", err=True),
+                        scripts=profile_scripts(r, whole_profile=not spec))
     if as_json:
         emit_json([c.to_json() for c in checks])
     else:

@@ -14,10 +14,13 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import fabrics, gpuhealth, slurm
-from ..errors import UserError
+from .. import fabrics, gpuhealth
 from ..submit.site_profile import SiteProfile
 from .doctor_parse import interface_names, parse_check_build, parse_mpi_list, parse_partitions
+from . import horovod_mpi
+from .horovod_mpi import ask as _run
+from .horovod_mpi import describe_gpu_build, framework_build, horovod_build  # noqa: F401
+from .slurm_versions import FAMILIES, judge_mpi, judge_slurm
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -31,16 +34,6 @@ class Check:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def _run(argv: list[str], timeout: float = 60, env: dict | None = None) -> tuple[int, str]:
-    """(exit code, stdout + stderr) through slurm.call; a missing program or a timeout is a
-    check result (exit 127 / 124), not an error."""
-    try:
-        done = slurm.call(argv, timeout=timeout, env=env, check=False)
-    except UserError as e:
-        return (127 if "not found" in str(e) else 124), str(e)
-    return done.returncode, (done.stdout + done.stderr).strip()
 
 
 # ---------------------------------------------------------------------------- checks
@@ -65,7 +58,7 @@ def check_slurm(profile: SiteProfile) -> Check:
 
 
 def check_pmi(profile: SiteProfile, launcher: str | None) -> Check:
-    want = profile.mpi.srun_mpi
+    want = profile.mpi.srun_plugin()
     code, out = _run(["srun", "--mpi=list"], timeout=30)
     if code != 0:
         return Check("pmi", FAIL, out.splitlines()[-1] if out else f"srun exit {code}",
@@ -76,8 +69,8 @@ def check_pmi(profile: SiteProfile, launcher: str | None) -> Check:
     hint = (f"set mpi.srun_mpi in the site profile to one of {', '.join(sorted(plugins))}, or "
             "build Slurm with PMIx; jobs with launcher: mpirun do not need it")
     status = WARN if launcher == "mpirun" else FAIL
-    return Check("pmi", status, f"srun --mpi={want} (the profile's mpi.srun_mpi) is not among "
-                 f"{', '.join(sorted(plugins))}", hint)
+    return Check("pmi", status, f"srun --mpi={want} (the profile's mpi.srun_mpi, or its "
+                 f"flavour's) is not among {', '.join(sorted(plugins))}", hint)
 
 
 def check_accounting() -> Check:
@@ -90,74 +83,17 @@ def check_accounting() -> Check:
                  "completion log: a finished job is forgotten after Slurm's MinJobAge")
 
 
-def check_mpi() -> Check:
-    code, out = _run(["mpirun", "--version"], timeout=30, env=dict(os.environ))
-    first = out.splitlines()[0] if out else ""
-    if code != 0:
-        return Check("mpi", FAIL, first or f"mpirun exit {code}",
-                     "load the MPI module in the profile (modules:) or install OpenMPI")
-    if "Open MPI" not in first:
-        return Check("mpi", FAIL, first, "hpcsuite's mpirun launcher speaks OpenMPI's options; "
-                     "use launcher: srun or an OpenMPI module")
-    return Check("mpi", PASS, first)
+def check_mpi(profile: SiteProfile) -> Check:
+    """The flavour's launcher: its MPI family and version (mpirun or mpiexec --version)."""
+    flavour = profile.mpi.flavour
+    code, out = _run([FAMILIES[flavour][1], "--version"], timeout=30, env=dict(os.environ))
+    return Check("mpi", *judge_mpi(code, out, flavour))
 
 
-# What Horovod was built with, as `horovodrun --check-build` marks it, asked of each framework's
-# Horovod module in a subprocess of its own, the two side by side: check-build asks each question
-# in a subprocess of its own (36 s on the 2-core machine), this imports each framework once. No
-# hvd.init() is needed; nccl_built() is NCCL_VERSION_CODE (2.28.3: 22803) or 0.
-BUILD_PROBE = """
-import json, sys
-try:
-    hvd = __import__("horovod." + sys.argv[1], fromlist=["init"])
-    out = {q: int(getattr(hvd, q + "_built")() or 0)
-           for q in ("mpi", "gloo", "nccl", "ddl", "ccl", "cuda", "rocm")}
-except Exception as e:
-    out = {"error": type(e).__name__ + ": " + str(e)[:160]}
-print("HPCSUITE_BUILD=" + json.dumps(out))
-"""
-FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
-CONTROLLERS = {"mpi": "MPI", "gloo": "Gloo"}
-OPERATIONS = {"nccl": "NCCL", "ddl": "DDL", "ccl": "CCL", "mpi": "MPI", "gloo": "Gloo"}
-
-
-def framework_build(python: str, module: str) -> dict:
-    """horovod.<module>'s answers ({mpi, gloo, nccl, ddl, ccl, cuda, rocm}), or {error: why}."""
-    code, out = _run([python, "-c", BUILD_PROBE, module], timeout=180,
-                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    line = next((l for l in out.splitlines() if l.startswith("HPCSUITE_BUILD=")), None)
-    if line is None:
-        return {"error": (out.splitlines() or [f"exit {code}"])[-1][:200]}
-    return json.loads(line.split("=", 1)[1])
-
-
-def horovod_build(python: str) -> dict:
-    """{frameworks, controllers, operations} (sets of check-build's names), ``missing`` (a
-    framework's import error) and ``gpu`` (horovod.torch's answers: nccl, cuda, rocm, or its
-    error); {error} when no framework's Horovod module imports."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(len(FRAMEWORKS)) as pool:
-        answers = dict(zip(FRAMEWORKS, pool.map(lambda m: framework_build(python, m), FRAMEWORKS)))
-    built = [a for a in answers.values() if "error" not in a]
-    if not built:
-        return {"error": "; ".join(f"horovod.{m}: {a['error']}" for m, a in answers.items())}
-    return {"frameworks": {FRAMEWORKS[m] for m, a in answers.items() if "error" not in a},
-            "controllers": {name for q, name in CONTROLLERS.items() if any(a[q] for a in built)},
-            "operations": {name for q, name in OPERATIONS.items() if any(a[q] for a in built)},
-            "missing": {FRAMEWORKS[m]: a["error"] for m, a in answers.items() if "error" in a},
-            "gpu": answers["torch"]}
-
-
-def describe_gpu_build(gpu: dict) -> str:
-    """'GPU build: CUDA, NCCL 2.28.3' from horovod.torch's answers (:func:`horovod_build`)."""
-    if "error" in gpu:
-        return f"GPU build not known (horovod.torch: {gpu['error']})"
-    code = int(gpu.get("nccl") or 0)
-    nccl = f"NCCL {code // 10000}.{code // 100 % 100}.{code % 100}" if code >= 20900 else \
-        f"NCCL {code // 1000}.{code // 100 % 10}.{code % 100}" if code else "no NCCL"
-    device = "CUDA" if gpu.get("cuda") else "ROCm" if gpu.get("rocm") else "no CUDA"
-    return f"GPU build: {device}, {nccl}"
+def check_slurm_rules(scripts: dict[str, str]) -> Check:
+    """The Slurm version, and what changed after 22.05 on the profile's scripts."""
+    asked = [_run(argv, timeout=30) for argv in (["sbatch", "--version"], ["scontrol", "show", "config"])]
+    return Check("slurm-rules", *judge_slurm(*asked, scripts))
 
 
 def check_horovod(b: dict, profile: SiteProfile) -> Check:
@@ -393,15 +329,17 @@ def check_container(profile: SiteProfile) -> Check | None:
 # what `doctor` says it is waiting for while they run side by side.
 WAITS = {
     "horovod": "Horovod's build (horovod.torch and horovod.tensorflow, each importing its framework)",
+    "horovod-mpi": "which libmpi Horovod links (ldd, in the job's Python)",
     "compute": "one srun on a compute node (Python, numpy, torch, TensorFlow, Horovod there)",
 }
 
 
 def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str | None = None,
                env: dict[str, str] | None = None, compute: bool = True,
-               progress=None) -> list[Check]:
+               progress=None, scripts: dict[str, str] | None = None) -> list[Check]:
     """Every check, in the report's order. The slow ones (:data:`WAITS`) run in threads while
-    the quick ones run here; ``progress(text)`` is told what is awaited and when each is done."""
+    the quick ones run here; ``progress(text)`` is told what is awaited and when each is done;
+    ``scripts``: the profile's rendered scripts by launcher, for the Slurm version rules."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -410,18 +348,20 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     env = {**os.environ, **(env or {})}
     started = time.monotonic()
     slurm_check = check_slurm(profile)
-    slow = {"horovod": lambda: horovod_build(python)}
+    slow = {"horovod": lambda: horovod_build(python),
+            "horovod-mpi": lambda: Check("horovod-mpi", *horovod_mpi.check(python, env))}
     if compute and slurm_check.status != FAIL:
         slow["compute"] = lambda: check_compute(python, partition)
     with ThreadPoolExecutor(max_workers=len(slow)) as pool:
         futures = {name: pool.submit(fn) for name, fn in slow.items()}
         say("waiting for " + "; ".join(WAITS[name] for name in futures))
-        checks = [slurm_check, check_accounting(), check_pmi(profile, launcher), check_mpi()]
+        checks = [slurm_check, check_slurm_rules(scripts or {}), check_accounting(),
+                  check_pmi(profile, launcher), check_mpi(profile)]
         done = {}
         for name, future in futures.items():
             done[name] = future.result()
             say(f"{name}: done after {time.monotonic() - started:.0f} s")
-    checks += [check_horovod(done["horovod"], profile),
+    checks += [check_horovod(done["horovod"], profile), done["horovod-mpi"],
                check_infiniband(profile), check_network(env, profile), check_gpus(profile),
                check_fabric(profile)]
     checks += [c for c in (check_container(profile),) if c is not None]
