@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lmod beside Environment Modules, for tests/test_packaging.py's load of hpcsuite's .lua module
 # file: Debian's lmod package conflicts with environment-modules (installing one removes the
-# other), so its .deb is unpacked into the cache and run from there with Debian's lua5.3 and
-# lua-posix (which conflict with nothing). Idempotent; scripts/setup.sh calls it.
+# other), so its .deb is unpacked into the cache and run from there with Debian's lua5.3,
+# lua-posix, lua-filesystem, lua-json and lua-term (its dependencies, which conflict with
+# nothing). Idempotent; scripts/setup.sh calls it.
 #
 #   bash scripts/setup_lmod.sh     ->  $HPCSUITE_CACHE/lmod/usr/share/lmod/lmod/libexec/lmod
 set -euo pipefail
@@ -11,7 +12,7 @@ say() { printf '[setup lmod] %s\n' "$*" >&2; }
 die() { printf '[setup lmod] error: %s\n' "$*" >&2; exit 1; }
 
 missing=()
-for p in lua5.3 lua-posix; do
+for p in lua5.3 lua-posix lua-filesystem lua-json lua-term; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
