@@ -4,9 +4,9 @@ NAME` writes (examples/sites/NAME/profile.yaml), on the local Slurm cluster:
 
 - the quickstart under the MPI's own launcher (Open MPI 5's mpirun, MPICH's Hydra mpiexec) and
   under srun (--mpi=pmix for Open MPI 5, pmi2 for MPICH, as `srun --mpi=list` offers);
-- per MPI one 2x2 job (two nodes of two ranks: the cluster is started with `--gpus 2`, a core per
-  GPU) whose rank 1 is slow all along and is named, preempted by the warning signal, requeued
-  by Slurm and completed from its checkpoint;
+- per MPI and launcher one 2x2 job (two nodes of two ranks: the cluster is started with
+  `--gpus 2`, a core per GPU) whose rank 1 is slow all along and is named, preempted by the
+  warning signal, requeued by Slurm and completed from its checkpoint;
 - a profile naming an MPI the job's Horovod was not built against: the rank stops before
   hvd.init() with one line naming mpi.flavour and `scripts/setup.sh --mpi NAME`, exit 2.
 
@@ -155,22 +155,27 @@ train:
 """
 
 
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
 @pytest.mark.parametrize("name", sorted(MPIS))
-def test_a_2x2_job_is_preempted_requeued_and_names_its_slow_rank(mpi_cluster, tmp_path, name):
-    """Under the MPI's own launcher: its placement of two ranks per node, the warning signal
-    forwarded to every rank, the save and Slurm's requeue, the resume, the slow rank."""
+def test_a_2x2_job_is_preempted_requeued_and_names_its_slow_rank(mpi_cluster, tmp_path, name,
+                                                                  launcher):
+    """Under the MPI's own launcher and under srun: the placement of two ranks per node, the
+    warning signal reaching every rank, the save and Slurm's requeue, the resume, the slow
+    rank."""
     site = need(name)
     cluster, env = mpi_cluster
     env = site_env(env, site)
     (tmp_path / "net.py").write_text(NET)
-    (tmp_path / "job.yaml").write_text(TWO_BY_TWO.format(launcher="mpirun"))
+    (tmp_path / "job.yaml").write_text(TWO_BY_TWO.format(launcher=launcher))
     job_id = run_cli("submit", "job.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
     run_dir = tmp_path / "runs" / "twobytwo" / job_id
     preempt_after_step(env, job_id, run_dir, step=50)
     state = follow_job(env, job_id, tmp_path, cluster)
     log = (tmp_path / "runs" / "twobytwo" / f"slurm-{job_id}.out").read_text()
     assert state["state"] == "COMPLETED", log[-3000:]
-    assert MPIS[name][1].format(n=4, ppn=2) in (run_dir / "job.sbatch").read_text()
+    _, own, srun = MPIS[name]
+    assert (own.format(n=4, ppn=2) if launcher == "mpirun" else srun) in \
+        (run_dir / "job.sbatch").read_text()
 
     results = json.loads((run_dir / "results.json").read_text())
     assert results["world_size"] == 4 and results["final_step"] == 1200, results.keys()

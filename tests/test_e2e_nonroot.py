@@ -208,6 +208,7 @@ def test_the_quickstart_and_a_job_of_roots_share_the_nodes_each_as_its_user(user
     # The control: root's ranks are root's, and the cluster's TaskProlog allows them mpirun.
     assert roots == [["0", "0", "0", "OMPI_ALLOW_RUN_AS_ROOT,OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]] * 2
 
+
 def follow(user, cluster, job: str, cwd: Path, env: dict | None = None, timeout: float = 600):
     """`status JOB --json` (as whoever submitted it) until the job ends; a requeued job is
     started as soon as both nodes are idle (not after Slurm's ~2 min hold)."""
