@@ -13,7 +13,6 @@ NAME` writes (examples/sites/NAME/profile.yaml), on the local Slurm cluster:
 Skipped, saying so, when `scripts/setup.sh --mpi NAME` has not been run (`make test` runs it).
 """
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -213,31 +212,3 @@ def test_a_profile_whose_mpi_the_jobs_horovod_was_not_built_against_is_one_line(
     assert "ended FAILED: mpi.flavour: mpich (the site profile), but this rank's Horovod" in said[0]
     assert "links Open MPI v4.1" in said[0] and "scripts/setup.sh --mpi mpich" in said[0], said
     assert "Traceback" not in proc.stderr
-
-
-def test_slurms_requeue_under_open_mpi_5s_mpirun_saves_where_it_stopped(mpi_cluster, tmp_path):
-    """`scontrol requeue` (SIGTERM to every process at once, no warning signal) of a running job
-    under Open MPI 5's mpirun: prterun and prted hold SIGTERM (hpcsuite.runtime.hold_term), so
-    the ranks save at the step they reached instead of dying half a second later; the next
-    attempt resumes there, every sample trained once, attempt 0 recorded as preempted."""
-    site = need("openmpi5")
-    cluster, env = mpi_cluster
-    trials = importlib.util.module_from_spec(spec := importlib.util.spec_from_file_location(
-        "preemption_trials", REPO / "bench" / "preemption_trials.py"))
-    spec.loader.exec_module(trials)
-    # 8000 samples x 24 epochs: ~10 s of training, so the requeue (0-3 s after it starts) lands in it
-    r = trials.trial(site_env(env, site), cluster, tmp_path, preemptions=1, seed=0,
-                     moments=("random",), routes=("requeue",))
-    assert r["routes"] == ["requeue"] and r["clean"], r["problems"]   # every sample once
-    run_dir = tmp_path / "runs" / "trial" / r["job_id"]
-    assert "-m hpcsuite.runtime.hold_term mpirun -np 2" in (run_dir / "job.sbatch").read_text()
-    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
-    assert [(a["attempt"], a["outcome"]) for a in records] == [(0, "preempted"), (1, "completed")]
-    results = json.loads((run_dir / "results.json").read_text())
-    first, second = results["attempts"]
-    # the ranks get Slurm's TERM, or the batch shell's forward of it as USR1, whichever comes first
-    assert first["status"] == "preempted" and first["stop"]["signal"] in ("TERM", "USR1"), first
-    assert first["stop"]["saved"] and first["stop"]["checkpoint_step"] == first["final_step"]
-    assert records[0]["step"] == first["final_step"] == second["start_step"]   # resumed where it stopped
-    assert results["history"]["steps"] == list(range(1, results["final_step"] + 1))
-    assert [a["attempt"] for a in results["history"]["attempt_starts"]] == [0, 1]
