@@ -38,7 +38,11 @@ else:
     out["libs"] = [os.path.relpath(l, root) for l in libs]
     found = {}
     for lib in libs:
-        ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+        try:   # ldd of a library on a hung shared filesystem must not hang doctor
+            ldd = subprocess.run(["ldd", lib], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out["ldd_error"] = type(e).__name__ + ": " + str(e)[:160]
+            ldd = ""
         for m in re.finditer(r"^\s*(libmpi(?:cxx)?\.so[.\d]*)\s+=>\s+(\S+)", ldd, re.M):
             if m.group(1).startswith("libmpi.so"):
                 found[m.group(1)] = m.group(2)
