@@ -317,3 +317,45 @@ def test_a_studys_points_share_one_experiment_named_after_it(tmp_path):
                                                          point, "/x"))
     assert not any("tracking" in s for s in st.point_sets(study, spec_from_dict(
         {"name": "b"}, "t"), point, "/x"))
+
+
+def slow_open(monkeypatch, seconds):
+    """MLflow's run opens ``seconds`` late (mlflow's import on a loaded node)."""
+    import time
+
+    opened = tracking.MlflowRun.open.__func__
+
+    def late(cls, job, paths):
+        time.sleep(seconds)
+        return opened(cls, job, paths)
+
+    monkeypatch.setattr(tracking.MlflowRun, "open", classmethod(late))
+
+
+def test_an_attempt_shorter_than_mlflows_import_still_has_its_run(tmp_path, monkeypatch):
+    # the trial's sweep: 16 steps ended before mlflow was imported, and mlflow.json never came
+    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setattr(tracking, "FINISH_SECONDS", 0.2)
+    slow_open(monkeypatch, 1.0)
+    run, run_dir = script_run(tmp_path)
+    train(run)                                       # finish() returns with the run ended
+    rec = record(run_dir)
+    assert (rec["state"], rec["status"]) == ("ended", "FINISHED")
+    got = client(rec["uri"]).get_run(rec["run_id"])
+    assert got.info.status == "FINISHED"
+    assert len(client(rec["uri"]).get_metric_history(rec["run_id"], "loss")) == 9
+
+
+def test_a_run_that_never_opens_is_recorded_lost_in_one_line(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(tracking, "OPEN_SECONDS", 0.3)
+    slow_open(monkeypatch, 1.5)
+    run, run_dir = script_run(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        train(run)
+    said = [r.getMessage() for r in caplog.records if "train.tracking" in r.getMessage()]
+    assert len(said) == 1 and "was not open 0 s after the attempt's end" in said[0]
+    rec = record(run_dir)
+    assert rec["state"] == "lost" and "not open" in rec["error"]
+    assert mlflow_store.summary_line(run_dir).startswith("MLflow: lost in attempt 0: Timeout")
+    run.session.tracker.thread.join(10)            # the late open does not undo the loss
+    assert record(run_dir)["state"] == "lost"

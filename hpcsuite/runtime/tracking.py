@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0      # queued points go to MLflow at least this often
 CONNECT_SECONDS = 3.0    # a tracking server that takes longer to accept a connection: unreachable
 FINISH_SECONDS = 20.0    # the most the end of an attempt waits for its last points and artifact
+OPEN_SECONDS = 120.0     # ... and, before that, for the run to open (mlflow's import, the store)
 PARAM_CHARS = 6000       # MLflow's limit on a param's value
 METRICS_PER_CALL = 1000  # log_batch's limits
 PARAMS_PER_CALL = 100
@@ -71,6 +72,8 @@ class Tracker(Chart):
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.ending: tuple[Path | None, str] | None = None
+        self.opened = threading.Event()     # the MLflow run is open (or tracking gave up)
+        self.lost: str | None = None        # why tracking gave up
         self.thread = threading.Thread(target=self._work, name="hpcsuite-mlflow", daemon=True)
         self.thread.start()
 
@@ -106,16 +109,26 @@ class Tracker(Chart):
 
     def finish(self, results: Path | None, status: str) -> None:
         """After rank 0 published results.json: the last points, results.json and the run's
-        status; waits for the thread at most :data:`FINISH_SECONDS`."""
+        status. A short attempt may end before its MLflow run is open (importing mlflow takes
+        seconds, far more on a loaded node): that waits at most :data:`OPEN_SECONDS`, or only
+        :data:`FINISH_SECONDS` for an attempt Slurm is stopping (its signal's grace is short),
+        then the rest at most :data:`FINISH_SECONDS`. What was not sent is recorded as lost."""
         self.ending = (results, status)
         self.wake.set()
+        wait = FINISH_SECONDS if status in SAVED else OPEN_SECONDS
+        if not self.opened.wait(wait):
+            self.give_up(TimeoutError(f"the MLflow run was not open {wait:.0f} s after the "
+                                      "attempt's end (importing mlflow or reaching its store "
+                                      "took that long); its points were not sent"))
+            return
         self.thread.join(FINISH_SECONDS)
         if self.thread.is_alive() and not self.broken:
-            log.warning("train.tracking.mlflow: the last points and results.json were not sent "
-                        "within %.0f s; left unsent", FINISH_SECONDS)
+            self.give_up(TimeoutError(f"the last points and results.json were not sent within "
+                                      f"{FINISH_SECONDS:.0f} s of the attempt's end"))
 
     def give_up(self, e: BaseException) -> None:
-        said = describe(e)
+        self.opened.set()
+        said = self.lost = describe(e)
         log.warning("train.tracking.mlflow: %s; no more MLflow logging this attempt", said)
         self.broken = True
         try:    # for `status` and `submit --wait`
@@ -129,6 +142,10 @@ class Tracker(Chart):
     def _work(self) -> None:
         try:
             run = MlflowRun.open(self.job, RunDir(self.run_dir))
+            if self.broken:     # the attempt ended first and gave up waiting: the loss stands
+                update_record(RunDir(self.run_dir).mlflow, state="lost", error=self.lost)
+                return
+            self.opened.set()
             while True:
                 self.wake.wait(FLUSH_SECONDS)
                 self.wake.clear()
