@@ -7,10 +7,22 @@ import click
 from . import emit_json, main
 
 
-def _cluster(port, gpus: int = 0):
+def _cluster(port, gpus: int = 0, fabric: str | None = None):
     from ..site.cluster import DEFAULT_PORT, LocalCluster, cluster_dir
 
-    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT, gpus=gpus)
+    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT, gpus=gpus, fabric=fabric)
+
+
+def _running_fabric():
+    """(cluster, its fabric) of the running cluster started with --fabric; else one line."""
+    from ..errors import UserError
+
+    c = _cluster(None)
+    f = c.fabric_running()
+    if f is None or not c.running():
+        raise UserError(f"the local cluster ({c.root}) is not running with a fabric: start it "
+                        "with `hpcsuite cluster up --fabric RATE`")
+    return c, f
 
 
 port_option = click.option("--port", type=click.IntRange(1024, 65000), default=None,
@@ -39,13 +51,25 @@ def cluster():
                    "cluster makes in its own directory (nothing under /dev): jobs get "
                    "CUDA_VISIBLE_DEVICES from Slurm as on a GPU cluster, with no GPU here. "
                    "Each node then has one core per GPU. Changing it needs `cluster down`.")
-def up(port, timeout, gpus):
+@click.option("--fabric", metavar="RATE", default=None,
+              help="Run each node (its slurmd and all a job starts there) in a network "
+                   "namespace of its own with its own address, joined to the controller by "
+                   "links shaped to RATE both ways (tc tbf; e.g. 1gbit, 250mbit), so MPI's "
+                   "traffic between the nodes crosses a real, rate-limited link. Needs root. "
+                   "Without it the nodes talk over loopback. `cluster fabric RATE` changes "
+                   "the rate of a running cluster.")
+def up(port, timeout, gpus, fabric):
     """Start the cluster (harmless when it already runs)."""
-    c = _cluster(port, gpus)
+    if fabric is not None:
+        from ..site.fabric import rate_bps
+
+        rate_bps(fabric)
+    c = _cluster(port, gpus, fabric)
     for note in c.up(timeout=timeout):
         click.echo(note)
     click.echo(f"nodes: {', '.join(f'{n}={s}' for n, s in c.node_states().items())}"
                + (f"; {c.declared_gpus()} GPUs each (gres gpu)" if c.declared_gpus() else ""))
+    click.echo(f"network: {c.fabric_words()}")
     click.echo("accounting: " + ("slurmdbd + MariaDB (sacct works)" if c.accounting else
                                  "off (install Debian's slurmdbd and mariadb-server for sacct)"))
     click.echo('for your shell: eval "$(hpcsuite cluster env)"')
@@ -65,14 +89,55 @@ def status_(as_json):
     c = _cluster(None)
     daemons = c.states()
     nodes = c.node_states()
+    f = c.fabric_running()
+    links = None if f is None else {
+        n: {"addr": f.addr(n), "interface": f.host_if(n), "up": f.link_up(n),
+            "rate": f.shaped_rates()[n], **{f"{k}_bytes": v for k, v in f.counters(n).items()}}
+        for n in f.nodes}
     if as_json:
-        emit_json({"dir": str(c.root), "daemons": daemons, "nodes": nodes, "up": c.running()})
+        emit_json({"dir": str(c.root), "daemons": daemons, "nodes": nodes, "up": c.running(),
+                   "fabric": None if f is None else {"rate": f.rate, "links": links}})
         return
     click.echo(f"cluster directory: {c.root}")
     for name, pid in daemons.items():
         click.echo(f"  {name:14} {'running (pid %d)' % pid if pid else 'stopped'}")
     if nodes:
         click.echo("nodes: " + ", ".join(f"{n}={s}" for n, s in nodes.items()))
+    click.echo(f"network: {c.fabric_words()}")
+    for n, link in (links or {}).items():
+        click.echo(f"  {n}: {link['addr']} via {link['interface']}, "
+                   f"{'up' if link['up'] else 'DOWN'}, shaped to {link['rate'] or 'nothing'}; "
+                   f"sent {link['tx_bytes']} B, received {link['rx_bytes']} B")
+
+
+@cluster.command("fabric")
+@click.argument("rate")
+def fabric_(rate):
+    """Shape both ends of every node's link to RATE (e.g. 100mbit), on the running cluster
+    started with `cluster up --fabric`. Jobs running go on at the new rate. The site
+    profile keeps the rate the cluster was started with (what preflight.fabric checks)."""
+    from ..site.fabric import rate_bps
+
+    rate_bps(rate, "cluster fabric")
+    _, f = _running_fabric()
+    f.shape(rate)
+    click.echo(f"links of {', '.join(f.nodes)} shaped to {rate} both ways "
+               f"(started at {f.rate})")
+
+
+@cluster.command("link")
+@click.argument("node")
+@click.argument("state", type=click.Choice(["down", "up"]))
+def link(node, state):
+    """Take NODE's link down (nothing passes either way: a node that lost its network) or
+    bring it back up, on the running cluster started with `cluster up --fabric`."""
+    from ..errors import UserError
+
+    _, f = _running_fabric()
+    if node not in f.nodes:
+        raise UserError(f"cluster link {node!r}: the nodes are {', '.join(f.nodes)}")
+    f.set_link(node, state == "up")
+    click.echo(f"{node}'s link ({f.host_if(node)}) is {state}")
 
 
 @cluster.command()

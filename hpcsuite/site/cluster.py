@@ -22,11 +22,12 @@ import secrets
 import signal
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
+from .daemons import Daemon, affinity, alive, is_ours, listening, port_taken, which
+from .fabric import LocalFabric
 from .horovod_mpi import flavour_on_path
 from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, gpu_devices,
                          make_device, render_conf, render_dbd_conf, render_gres_conf,
@@ -49,13 +50,6 @@ def node_cpus(index: int) -> tuple[int, ...]:
     return (cores[index % len(cores)],)
 
 
-def _affinity(pid: int | None) -> set[int] | None:
-    try:
-        return os.sched_getaffinity(pid) if pid else None
-    except OSError:
-        return None
-
-
 # Where the cluster lives unless HPCSUITE_CLUSTER_DIR says: a system place every account can
 # reach, since it serves them all (root starts it; each user's Slurm commands read its
 # slurm.conf and talk to its munge socket). It was ~/.local/state under root's home (mode 700).
@@ -67,20 +61,16 @@ def cluster_dir() -> Path:
     return Path(env).absolute() if env else DEFAULT_DIR
 
 
-@dataclass(frozen=True)
-class Daemon:
-    name: str          # munged, slurmctld, slurmd-node1, ...
-    argv: tuple[str, ...]
-    program: str       # what /proc/<pid>/comm must show
-    cpus: tuple[int, ...] = ()   # cores it and everything it starts may use (() = all)
-
-
 class LocalCluster:
     def __init__(self, root: Path, port: int = DEFAULT_PORT, accounting: bool | None = None,
-                 gpus: int = 0):
+                 gpus: int = 0, fabric: str | None = None):
         self.root = Path(root)
         self.port = port
         self.gpus = gpus         # GPUs per node declared to Slurm (gres), backed by device files
+        # --fabric RATE: each node in a network namespace on a link shaped to RATE (fabric.py);
+        # without it, the fabric the running cluster was started with (None: loopback)
+        self.asked_fabric = LocalFabric(port, fabric, NODES) if fabric else None
+        self.fabric = self.asked_fabric or LocalFabric.recorded(self.root)
         self.conf = self.root / "etc" / "slurm.conf"
         self.profile = self.root / "etc" / "hpcsuite" / "profile.yaml"
         # Beside the pid files, not in munge/ (the key's, mode 700): every account's Slurm
@@ -89,7 +79,7 @@ class LocalCluster:
         self.db_socket = self.root / "db" / "mariadb.sock"
         self.hostname = socket.gethostname()
         # Accounting (slurmdbd + MariaDB) when both are installed, unless told.
-        self.accounting = (_which("slurmdbd") and _which("mariadbd")) if accounting is None \
+        self.accounting = (which("slurmdbd") and which("mariadbd")) if accounting is None \
             else accounting
 
     def client_env(self) -> dict[str, str]:
@@ -126,9 +116,10 @@ class LocalCluster:
             # slurmdbd reads slurmdbd.conf beside SLURM_CONF (it has no option for a path).
             ds.append(Daemon("slurmdbd", ("slurmdbd", "-D"), "slurmdbd"))
         ds.append(Daemon("slurmctld", ("slurmctld", "-D", "-f", str(self.conf)), "slurmctld"))
-        ds += [Daemon(f"slurmd-{n}", ("slurmd", "-D", "-N", n, "-f", str(self.conf)), "slurmd",
-                      node_cpus(i))
-               for i, n in enumerate(NODES)]
+        for i, n in enumerate(NODES):
+            argv = ("slurmd", "-D", "-N", n, "-f", str(self.conf))
+            ds.append(Daemon(f"slurmd-{n}", self.fabric.wrap(n, argv) if self.fabric else argv,
+                             "slurmd", node_cpus(i)))
         return ds
 
     def ports(self) -> dict[str, int]:
@@ -137,6 +128,13 @@ class LocalCluster:
         if self.accounting:
             ports.update(mariadbd=self.port + DB_OFFSET, slurmdbd=self.port + DBD_OFFSET)
         return ports
+
+    def addresses(self) -> tuple[str, dict[str, str]]:
+        """(slurmctld's address, each node's): loopback, or the fabric's subnet."""
+        f = self.fabric
+        if f is None:
+            return "127.0.0.1", {n: "127.0.0.1" for n in NODES}
+        return f.controller_addr, {n: f.addr(n) for n in NODES}
 
     def _db_password(self) -> str:
         path = self._path("db", "password")
@@ -160,7 +158,7 @@ class LocalCluster:
             key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
         self.conf.write_text(render_conf(self.root, self.port, self.hostname, self.munge_socket,
-                                         self.accounting, self.gpus))
+                                         self.accounting, self.gpus, self.addresses()))
         gres = self._path("etc", "gres.conf")      # slurmd reads it beside slurm.conf
         if self.gpus:
             for n in NODES:
@@ -172,14 +170,15 @@ class LocalCluster:
         prolog = self._path("etc", "task_prolog.sh")
         prolog.write_text(TASK_PROLOG)
         os.chmod(prolog, 0o755)
-        self.profile.write_text(render_profile(self.gpus, flavour_on_path(dict(os.environ))))
+        self.profile.write_text(render_profile(self.gpus, flavour_on_path(dict(os.environ)),
+                                               self.fabric.rate if self.fabric else None))
         for path in (self.conf, gres, self.profile):
             if path.exists():
                 os.chmod(path, 0o644)
         if self.accounting:
             dbd = self._path("etc", "slurmdbd.conf")
             dbd.write_text(render_dbd_conf(self.root, self.port, self.hostname, self.munge_socket,
-                                           self._db_password()))
+                                           self._db_password(), self.addresses()[0]))
             os.chmod(dbd, 0o600)       # slurmdbd refuses a config others can read
             if not self._path("db", "data", "mysql").is_dir():
                 slurm.call(["mariadb-install-db", "--no-defaults",
@@ -214,7 +213,7 @@ class LocalCluster:
             pid = int(self._pidfile(d).read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _is_ours(pid, d.program, str(self.root)) else None
+        return pid if is_ours(pid, d.program, str(self.root)) else None
 
     def states(self) -> dict[str, int | None]:
         return {d.name: self._pid(d) for d in self.daemons()}
@@ -225,11 +224,13 @@ class LocalCluster:
     # ------------------------------------------------------------------ up / down
     def up(self, timeout: float = 60.0) -> list[str]:
         """Start what is not running and wait until every node is idle. Returns notes."""
+        if self.asked_fabric is not None and os.geteuid() != 0:
+            self.asked_fabric.create()      # says, in one line, that it needs root
         if os.geteuid() != 0:
             raise UserError("the local Slurm cluster runs its daemons as root (SlurmUser=root); "
                             "run `hpcsuite cluster up` as root")
         for prog in ("munged", "slurmctld", "slurmd", "sinfo"):
-            if not _which(prog):
+            if not which(prog):
                 raise UserError(f"{prog} not found on PATH: install Debian's slurm-wlm and munge "
                                 "(scripts/setup.sh does)")
         cores = len(os.sched_getaffinity(0))
@@ -244,16 +245,21 @@ class LocalCluster:
                 notes.append(f"it runs with {self.declared_gpus()} GPUs per node, not "
                              f"{self.gpus}: `hpcsuite cluster down` and up again to change it")
             for d in self.daemons():
-                if d.cpus and _affinity(states[d.name]) not in (None, set(d.cpus)):
-                    notes.append(f"{d.name} was started on cores {sorted(_affinity(states[d.name]))}"
+                if d.cpus and affinity(states[d.name]) not in (None, set(d.cpus)):
+                    notes.append(f"{d.name} was started on cores {sorted(affinity(states[d.name]))}"
                                  f", not its own core {list(d.cpus)}: `hpcsuite cluster down` "
                                  "and up again to pin it")
+            if self.asked_fabric and self.asked_fabric != self.fabric_running():
+                notes.append(f"it runs {self.fabric_words()}: `hpcsuite cluster fabric "
+                             f"{self.asked_fabric.rate}` changes a fabric's rate; `cluster "
+                             "down` and up again to change the rest")
         else:
             for d in self.daemons():
                 port = self.ports().get(d.name)
-                if not states[d.name] and port is not None and _port_taken(port):
+                if not states[d.name] and port is not None and port_taken(port):
                     raise UserError(f"port {port} for {d.name} is already in use; "
                                     f"stop whatever listens there or use --port")
+            self._network(started=not any(states.values()))
             self._prepare()
             closed = closed_to_others(self.root)
             if closed:
@@ -270,10 +276,39 @@ class LocalCluster:
                 self._wait_idle(timeout)
             except BaseException:
                 self._stop(reversed(started))   # leave nothing half-up behind
+                if self.fabric is not None and not any(states.values()):
+                    self.fabric.remove()
+                    LocalFabric.record_path(self.root).unlink(missing_ok=True)
                 raise
             return notes
         self._wait_idle(timeout)
         return notes
+
+    def _network(self, started: bool) -> None:
+        """The nodes' network namespaces and shaped links (--fabric), made before any daemon
+        starts; none, and no record, for a cluster on loopback."""
+        if not started:          # some daemons still run: they keep the network they have
+            return
+        record = LocalFabric.record_path(self.root)
+        old = LocalFabric.recorded(self.root)
+        if old is not None and old != self.asked_fabric:
+            old.remove()
+        self.fabric = self.asked_fabric
+        if self.fabric is None:
+            record.unlink(missing_ok=True)
+            return
+        self.fabric.create()
+        record.parent.mkdir(parents=True, exist_ok=True)
+        self.fabric.record(self.root)
+
+    def fabric_running(self) -> "LocalFabric | None":
+        f = LocalFabric.recorded(self.root)
+        return f if f is not None and f.exists() else None
+
+    def fabric_words(self) -> str:
+        f = self.fabric_running()
+        return "on loopback (no --fabric)" if f is None else \
+            f"with --fabric {f.rate} (nodes {', '.join(f'{n}={f.addr(n)}' for n in NODES)})"
 
     def declared_gpus(self) -> int:
         """GPUs per node the running configuration declares (0 when none or no config)."""
@@ -296,17 +331,17 @@ class LocalCluster:
         elif d.name == "mariadbd":
             ready = lambda: self.db_socket.exists()  # noqa: E731
         elif d.name == "slurmdbd":
-            ready = lambda: _listening(port)  # noqa: E731
+            ready = lambda: listening(port)  # noqa: E731
         else:
             ready = lambda: True  # noqa: E731  (readiness is checked through sinfo)
         wait = 30 if d.name in ("mariadbd", "slurmdbd") else 10
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not alive(pid):
                 raise UserError(f"{d.name} exited at start: {self._why(d)}")
             if ready():
                 time.sleep(0.3)
-                if _alive(pid):
+                if alive(pid):
                     if d.name == "mariadbd":
                         self._grant()
                     return
@@ -354,8 +389,14 @@ class LocalCluster:
                         f"see {self._path('log')}")
 
     def down(self, timeout: float = 20.0) -> list[str]:
-        """Stop every daemon this cluster started, slurmd first, munged last."""
-        return self._stop(reversed(self.daemons()), timeout) or ["nothing was running"]
+        """Stop every daemon this cluster started, slurmd first, munged last; then remove the
+        nodes' namespaces and links (--fabric)."""
+        notes = self._stop(reversed(self.daemons()), timeout)
+        fabric = LocalFabric.recorded(self.root)
+        if fabric is not None and fabric.exists():
+            fabric.remove()
+            notes.append(f"removed the nodes' network namespaces and the {fabric.rate} links")
+        return notes or ["nothing was running"]
 
     def _stop(self, daemons, timeout: float = 20.0) -> list[str]:
         notes = []
@@ -366,9 +407,9 @@ class LocalCluster:
                 continue
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
                 notes.append(f"killed {d.name} (pid {pid}) after {timeout:g}s")
             else:
@@ -395,56 +436,3 @@ def closed_to_others(path: Path) -> Path | None:
         except OSError:
             return d
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); treat it as gone.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _is_ours(pid: int, program: str, root: str) -> bool:
-    """The pid still runs ``program`` with our cluster directory on its command line or in
-    its environment (SLURM_CONF: slurmdbd takes no path arguments)."""
-    if not _alive(pid):
-        return False
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        if comm == program and root not in cmdline:
-            cmdline = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    return comm == program and root in cmdline
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return True
-    return False
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _which(prog: str) -> bool:
-    from shutil import which
-    return which(prog) is not None

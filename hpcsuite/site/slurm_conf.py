@@ -33,15 +33,20 @@ fi
 """
 
 
+LOOPBACK = ("127.0.0.1", {n: "127.0.0.1" for n in NODES})
+
+
 def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting: bool,
-                gpus: int = 0) -> str:
+                gpus: int = 0, addrs: tuple[str, dict[str, str]] = LOOPBACK) -> str:
     """slurm.conf: everything under ``root``, slurmctld on ``port``, both nodes on ``host``;
-    ``gpus`` per node declared to Slurm as gres (:func:`render_gres_conf`)."""
+    ``gpus`` per node declared to Slurm as gres (:func:`render_gres_conf`); ``addrs``:
+    slurmctld's address and each node's (loopback, or a fabric's namespaces)."""
     r = root
+    ctl, nodes = addrs
     lines = [
         "# Written by `hpcsuite cluster up`; regenerated on every start.",
         f"ClusterName={CLUSTER_NAME}",
-        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldHost={host}({ctl})",
         f"SlurmctldPort={port}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
@@ -81,17 +86,17 @@ def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting
         "PlugStackConfig=/dev/null",
     ]
     if accounting:
-        lines += _accounting_lines(port, munge_socket)
+        lines += _accounting_lines(port, munge_socket, ctl)
     if gpus:
         lines.append("GresTypes=gpu")
-    lines += _node_and_partition_lines(port, host, gpus)
+    lines += _node_and_partition_lines(port, host, gpus, nodes)
     return "\n".join(lines) + "\n"
 
 
-def _accounting_lines(port: int, munge_socket: Path) -> list[str]:
+def _accounting_lines(port: int, munge_socket: Path, ctl: str) -> list[str]:
     return [
         "AccountingStorageType=accounting_storage/slurmdbd",
-        "AccountingStorageHost=127.0.0.1",
+        f"AccountingStorageHost={ctl}",     # sacct on a node (a fabric's) reaches it there
         f"AccountingStoragePort={port + DBD_OFFSET}",
         # The munge socket for talking to slurmdbd (AuthInfo covers only the cluster).
         f"AccountingStoragePass={munge_socket}",
@@ -103,10 +108,11 @@ def _accounting_lines(port: int, munge_socket: Path) -> list[str]:
     ]
 
 
-def _node_and_partition_lines(port: int, host: str, gpus: int = 0) -> list[str]:
+def _node_and_partition_lines(port: int, host: str, gpus: int,
+                              addrs: dict[str, str]) -> list[str]:
     # With GPUs, a node has a core per GPU, so one rank per GPU fits (on this machine's cores).
     shape = f"CPUs={gpus} Gres=gpu:{gpus}" if gpus else "CPUs=1"
-    lines = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
+    lines = [f"NodeName={n} NodeHostname={host} NodeAddr={addrs[n]} "
              f"Port={port + i + 1} {shape} State=UNKNOWN" for i, n in enumerate(NODES)]
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
                  "MaxTime=INFINITE State=UP")
@@ -147,14 +153,15 @@ def render_gres_conf(root: Path, gpus: int) -> str:
 
 
 def render_dbd_conf(root: Path, port: int, host: str, munge_socket: Path,
-                    db_password: str) -> str:
-    """slurmdbd.conf: slurmdbd on ``port`` + DBD_OFFSET, its MariaDB on ``port`` + DB_OFFSET."""
+                    db_password: str, addr: str = "127.0.0.1") -> str:
+    """slurmdbd.conf: slurmdbd on ``addr``:``port`` + DBD_OFFSET (the controller's address),
+    its MariaDB on 127.0.0.1:``port`` + DB_OFFSET."""
     r = root
     return "\n".join([
         "# Written by `hpcsuite cluster up`; regenerated on every start.",
         "AuthType=auth/munge",
         f"AuthInfo=socket={munge_socket}",
-        "DbdAddr=127.0.0.1",
+        f"DbdAddr={addr}",
         f"DbdHost={host}",
         f"DbdPort={port + DBD_OFFSET}",
         "SlurmUser=root",
@@ -183,10 +190,11 @@ def node_shape(gpus: int = 0) -> str:
     return text + (f" with {gpus} GPU{'s' if gpus > 1 else ''} each" if gpus else "")
 
 
-def render_profile(gpus: int = 0, flavour: str | None = None) -> str:
+def render_profile(gpus: int = 0, flavour: str | None = None, fabric: str | None = None) -> str:
     """The local cluster's site profile: its partitions, its fabric and the partition a job
     without one goes to, as a site describes its own; ``flavour``: the ``mpi.flavour`` of the
-    MPI on this machine when it is not the default (Open MPI 4), as on Debian 13 (Open MPI 5)."""
+    MPI on this machine when it is not the default (Open MPI 4), as on Debian 13 (Open MPI 5);
+    ``fabric``: the rate its nodes' links are shaped to (``cluster up --fabric``)."""
     shape = f"cpus_per_node: {gpus}, gpus_per_node: {gpus}" if gpus else "cpus_per_node: 1"
     which = f"  flavour: {flavour}   # the MPI on this machine (mpirun --version)\n" if flavour else ""
     parts = "\n".join(f"  {p}: {{{shape}}}" for p in (PARTITION, OTHER_PARTITION))
@@ -202,7 +210,21 @@ def render_profile(gpus: int = 0, flavour: str | None = None) -> str:
             f"# Slurm's default partition ({PARTITION}), named so a job without one is checked\n"
             "# against it (and lint does not warn that none is set).\n"
             f"defaults: {{resources: {{partition: {PARTITION}}}}}\n"
-            "# TCP over loopback between node1 and node2. Nominal, not measured, and low:\n"
+            + _fabric_lines(fabric))
+
+
+def _fabric_lines(rate: str | None) -> str:
+    """The profile's ``fabric:``: the shaped links' rate, or loopback's nominal figure."""
+    if rate is not None:
+        from .fabric import gbytes
+
+        return ("# Each node in a network namespace of its own, on a veth link shaped to\n"
+                f"# {rate} both ways (tbf): MPI's busbw for large messages comes close to it.\n"
+                "# `hpcsuite cluster fabric RATE` changes the links, not this line: the\n"
+                "# profile says what the site was built with, and preflight.fabric checks it.\n"
+                f"fabric: {{bandwidth: {gbytes(rate):.6g}, latency: {FABRIC_LATENCY_US}, "
+                f"source: \"cluster up --fabric {rate}: tbf-shaped veth links\"}}\n")
+    return ("# TCP over loopback between node1 and node2. Nominal, not measured, and low:\n"
             "# MPI's busbw at 16 MiB was 1.7-2.1 GB/s on an idle machine (docs/BENCHMARKS.md)\n"
             "# and 0.55 GB/s with other jobs on its two cores, so preflight.fabric's\n"
             "# min_busbw_gbps: site (80 %: 0.2 GB/s) fails a broken link, not a busy one.\n"

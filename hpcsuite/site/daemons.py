@@ -1,0 +1,77 @@
+"""The local cluster's daemons as processes: what each runs, and whether a recorded pid still
+runs it (:class:`~.cluster.LocalCluster` starts and stops them)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Daemon:
+    name: str          # munged, slurmctld, slurmd-node1, ...
+    argv: tuple[str, ...]
+    program: str       # what /proc/<pid>/comm must show
+    cpus: tuple[int, ...] = ()   # cores it and everything it starts may use (() = all)
+
+
+def affinity(pid: int | None) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(pid) if pid else None
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); treat it as gone.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def is_ours(pid: int, program: str, root: str) -> bool:
+    """The pid still runs ``program`` with our cluster directory on its command line or in
+    its environment (SLURM_CONF: slurmdbd takes no path arguments)."""
+    if not alive(pid):
+        return False
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if comm == program and root not in cmdline:
+            cmdline = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return comm == program and root in cmdline
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def which(prog: str) -> bool:
+    from shutil import which
+    return which(prog) is not None

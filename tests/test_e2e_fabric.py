@@ -1,0 +1,137 @@
+"""End to end on a local cluster started with `cluster up --fabric RATE` (issue 44, point 1):
+each node's slurmd in a network namespace of its own with its own address, Slurm, munge and
+accounting working across the links, Horovod's traffic between node1 and node2 crossing the
+shaped link under both launchers (bytes on the node's interface during the job), `cluster
+fabric` changing the rate of the running cluster, `cluster link` taking a node's link down and
+back, and `cluster down` leaving no namespace, link or bridge behind."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SBATCH, TEST_PORT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+RATE = "250mbit"
+
+
+@pytest.fixture(scope="module")
+def fabric_cluster(tmp_path_factory):
+    from hpcsuite.site.cluster import LocalCluster
+
+    if os.geteuid() != 0:
+        pytest.skip("--fabric makes network namespaces: root only")
+    root = tmp_path_factory.mktemp("fabric-cluster")
+    cluster = LocalCluster(root, port=TEST_PORT + 60, fabric=RATE)
+    fabric = cluster.fabric
+    try:
+        cluster.up(timeout=90)
+        env = {k: v for k, v in os.environ.items() if k != "HPCSUITE_PROFILE"}
+        env.update(cluster.client_env(), HPCSUITE_CLUSTER_DIR=str(root),
+                   XDG_CONFIG_HOME=str(root / "xdg"))
+        yield cluster, env
+    finally:
+        cluster.down()
+        assert not any(cluster.states().values()), "a cluster daemon survived `down`"
+        assert not fabric.exists(), "`cluster down` left the bridge"
+        assert not any(Path(f"/run/netns/{fabric.netns(n)}").exists() for n in fabric.nodes)
+
+
+def sh(argv, env, timeout=60):
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_each_node_is_a_host_of_its_own_and_slurm_works_across(fabric_cluster):
+    cluster, env = fabric_cluster
+    f = cluster.fabric
+    for node in f.nodes:     # slurmd runs in the node's namespace
+        pid = cluster.states()[f"slurmd-{node}"]
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == \
+            os.stat(f"/run/netns/{f.netns(node)}").st_ino
+    assert os.stat(f"/proc/{cluster.states()['slurmctld']}/ns/net").st_ino == \
+        os.stat("/proc/self/ns/net").st_ino          # the controller's is this machine's
+    done = sh(["srun", "-N2", "-n2", "-l", "hostname", "-I"], env)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split(": ", 1) for line in done.stdout.strip().splitlines())
+    assert {k: v.split() for k, v in seen.items()} == {"0": [f.addr("node1")],
+                                                       "1": [f.addr("node2")]}
+    conf = cluster.conf.read_text()
+    assert f"NodeAddr={f.addr('node2')}" in conf and f"({f.controller_addr})" in conf
+    deadline = time.monotonic() + 60          # slurmctld sends the record to slurmdbd soon after
+    while True:
+        acct = sh(["sacct", "-a", "-X", "-n", "-P", "-S", "now-3600", "-o", "JobName,State"], env)
+        if "hostname|COMPLETED" in acct.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert acct.returncode == 0 and "hostname|COMPLETED" in acct.stdout, acct
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_horovods_traffic_crosses_the_shaped_link(fabric_cluster, tmp_path, launcher):
+    cluster, env = fabric_cluster
+    f = cluster.fabric
+    spec = (SBATCH / "quickstart.yaml").read_text().replace("launcher: mpirun",
+                                                             f"launcher: {launcher}")
+    (tmp_path / "quickstart.yaml").write_text(spec.replace("epochs: 3", "epochs: 1"))
+    before = {n: f.counters(n) for n in f.nodes}
+    proc = run_cli("submit", "quickstart.yaml", "--wait", cwd=tmp_path, env=env, timeout=500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = {n: f.counters(n) for n in f.nodes}
+    run_dir = next(d for d in (tmp_path / "runs" / "quickstart").iterdir() if d.is_dir())
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and sorted(results["hosts"]) == ["node1", "node2"]
+    sums = results["param_checksums"]
+    assert len(sums) == 2 and sums[0] == sums[1]
+    # A ring allreduce over 2 ranks: each sends its whole gradient once per step (half in the
+    # reduce-scatter, half in the allgather), so each node's link carried at least that.
+    floor = results["steps"] * results["gradient_bytes"]
+    for n in f.nodes:
+        sent = after[n]["tx"] - before[n]["tx"]
+        got = after[n]["rx"] - before[n]["rx"]
+        assert sent >= floor and got >= floor, (n, sent, got, floor)
+    shown = json.loads(run_cli("cluster", "status", "--json", env=env, check=True).stdout)
+    links = shown["fabric"]["links"]
+    assert shown["fabric"]["rate"] == RATE and all(links[n]["up"] for n in f.nodes)
+    assert all(links[n]["tx_bytes"] >= after[n]["tx"] for n in f.nodes)
+
+
+def _reach(f, src: str, dst: str, port: int) -> bool:
+    """A TCP connection from ``src``'s namespace to ``dst``'s slurmd."""
+    probe = (f"import socket; socket.create_connection(({f.addr(dst)!r}, {port}), timeout=2)")
+    done = subprocess.run(["nsenter", f"--net=/run/netns/{f.netns(src)}", sys.executable, "-c",
+                           probe], capture_output=True, text=True, timeout=30)
+    return done.returncode == 0
+
+
+def test_cluster_fabric_reshapes_and_cluster_link_cuts_a_node_off(fabric_cluster):
+    cluster, env = fabric_cluster
+    f = cluster.fabric
+    try:
+        out = run_cli("cluster", "fabric", "100mbit", env=env, check=True)
+        assert "shaped to 100mbit both ways (started at 250mbit)" in out.stdout
+        assert set(f.shaped_rates().values()) == {"100Mbit"}
+        inside = sh(["tc", "-n", f.netns("node2"), "qdisc", "show", "dev", "eth0"], env)
+        assert "rate 100Mbit" in inside.stdout, inside
+        port = cluster.ports()["slurmd-node2"]
+        assert _reach(f, "node1", "node2", port)
+        out = run_cli("cluster", "link", "node2", "down", env=env, check=True)
+        assert "node2's link" in out.stdout and not f.link_up("node2")
+        assert not _reach(f, "node1", "node2", port)
+        shown = json.loads(run_cli("cluster", "status", "--json", env=env, check=True).stdout)
+        assert shown["fabric"]["links"]["node2"]["up"] is False
+        assert "node2: " in run_cli("cluster", "status", env=env, check=True).stdout
+        run_cli("cluster", "link", "node2", "up", env=env, check=True)
+        assert f.link_up("node2") and _reach(f, "node1", "node2", port)
+        bad = run_cli("cluster", "link", "node3", "down", env=env)
+        assert bad.returncode == 2 and "the nodes are node1, node2" in bad.stderr
+    finally:
+        f.set_link("node2", True)
+        f.shape(RATE)
+    again = sh(["srun", "-N2", "-n2", "true"], env)       # Slurm still reaches both nodes
+    assert again.returncode == 0, again.stderr
