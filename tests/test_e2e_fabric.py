@@ -135,3 +135,57 @@ def test_cluster_fabric_reshapes_and_cluster_link_cuts_a_node_off(fabric_cluster
         f.shape(RATE)
     again = sh(["srun", "-N2", "-n2", "true"], env)       # Slurm still reaches both nodes
     assert again.returncode == 0, again.stderr
+
+
+# ------------------------------------------------------------ point 2: hpcsuite measures it
+def test_bench_allreduce_measures_the_links_rate(fabric_cluster, tmp_path):
+    from hpcsuite.site.fabric import rate_bps
+
+    _, env = fabric_cluster
+    out = run_cli("bench", "allreduce", "--nodes", "2", "--sizes", "4M,16M", "--budget", "1.5",
+                  "--json", cwd=tmp_path, env=env, timeout=400)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_dir = next((tmp_path / "runs" / "allreduce-bench").iterdir())
+    bench = json.loads((run_dir / "allreduce.json").read_text())
+    assert bench["hosts"] == ["node1", "node2"]
+    large = bench["points"][-1]
+    assert large["bytes"] == 16 << 20
+    rate = rate_bps(RATE) / 8                   # bytes/s
+    for lib in ("mpi", "horovod"):          # within 15 % of the link's rate, never above it
+        assert 0.85 * rate <= large[f"{lib}_busbw"] <= 1.02 * rate, (lib, large, rate)
+
+
+PREFLIGHT = """name: {name}
+resources: {{nodes: 2, tasks_per_node: 1, time: "00:05:00"}}
+preflight: {{fabric: {{min_busbw_gbps: site}}}}
+train:
+  data: {{samples: 256, shape: [16], classes: 4}}
+  batch_size: 16
+  max_steps: 4
+"""
+
+
+def test_preflight_passes_at_the_rate_and_names_the_pair_once_it_is_lowered(fabric_cluster,
+                                                                            tmp_path):
+    cluster, env = fabric_cluster
+    f = cluster.fabric
+
+    def submit(name):
+        (tmp_path / f"{name}.yaml").write_text(PREFLIGHT.format(name=name))
+        return run_cli("submit", f"{name}.yaml", "--wait", "--json", cwd=tmp_path, env=env,
+                       timeout=400)
+
+    ok = submit("at-rate")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    record = json.loads(next((tmp_path / "runs" / "at-rate").glob("*/preflight.json")).read_text())
+    assert record["passed"] and record["fabric"]["required_busbw_Bps"] == pytest.approx(
+        0.8 * 250e6 / 8)
+    try:
+        run_cli("cluster", "fabric", "50mbit", env=env, check=True)
+        low = submit("lowered")
+        assert low.returncode != 0, low.stdout + low.stderr
+        log = next((tmp_path / "runs" / "lowered").glob("slurm-*.out")).read_text()
+        assert "hpcsuite preflight: preflight.fabric: 1 of 1 node pair(s) below the 0.025 GB/s " \
+               "busbw required: node1-node2 " in log, log
+    finally:
+        f.shape(RATE)

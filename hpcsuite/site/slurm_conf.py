@@ -213,6 +213,10 @@ def render_profile(gpus: int = 0, flavour: str | None = None, fabric: str | None
             + _fabric_lines(fabric))
 
 
+# Open MPI's default TCP BTL flags less put (and hetero-rdma, which only qualifies put).
+TCP_BTL_FLAGS = "send,inplace,need-ack,need-csum"
+
+
 def _fabric_lines(rate: str | None) -> str:
     """The profile's ``fabric:``: the shaped links' rate, or loopback's nominal figure."""
     if rate is not None:
@@ -223,7 +227,13 @@ def _fabric_lines(rate: str | None) -> str:
                 "# `hpcsuite cluster fabric RATE` changes the links, not this line: the\n"
                 "# profile says what the site was built with, and preflight.fabric checks it.\n"
                 f"fabric: {{bandwidth: {gbytes(rate):.6g}, latency: {FABRIC_LATENCY_US}, "
-                f"source: \"cluster up --fabric {rate}: tbf-shaped veth links\"}}\n")
+                f"source: \"cluster up --fabric {rate}: tbf-shaped veth links\"}}\n"
+                "# Open MPI's TCP BTL sends a large message by its emulated RDMA put, whose\n"
+                "# control messages queue behind the data already in the same connection: an\n"
+                "# allreduce (data both ways at once) got ~2/3 of the link. Plain send/receive\n"
+                "# fragments (no put) got 92-96 % (docs/BENCHMARKS.md). What a TCP site sets\n"
+                "# for mpirun and srun alike:\n"
+                f"env: {{OMPI_MCA_btl_tcp_flags: \"{TCP_BTL_FLAGS}\"}}\n")
     return ("# TCP over loopback between node1 and node2. Nominal, not measured, and low:\n"
             "# MPI's busbw at 16 MiB was 1.7-2.1 GB/s on an idle machine (docs/BENCHMARKS.md)\n"
             "# and 0.55 GB/s with other jobs on its two cores, so preflight.fabric's\n"
