@@ -189,3 +189,58 @@ def test_preflight_passes_at_the_rate_and_names_the_pair_once_it_is_lowered(fabr
                "busbw required: node1-node2 " in log, log
     finally:
         f.shape(RATE)
+
+
+# ------------------------------------------------------------ point 5: a node loses its network
+LONG = """name: cut
+resources: {nodes: 2, tasks_per_node: 1, time: "00:15:00"}
+train:
+  data: {samples: 100000, shape: [32], classes: 10}
+  batch_size: 32
+  max_steps: 12000
+  checkpoint: {every_steps: 500}
+  preemption: {max_failures: 1}
+"""
+
+
+def test_a_node_that_loses_its_network_is_named_in_seconds_and_the_requeue_resumes(
+        fabric_cluster, tmp_path):
+    from conftest import follow_job
+    from hpcsuite.runs.rundir import RunDir
+
+    cluster, env = fabric_cluster
+    (tmp_path / "cut.yaml").write_text(LONG)
+    out = run_cli("submit", "cut.yaml", "--json", cwd=tmp_path, env=env, check=True)
+    job_id = json.loads(out.stdout)["job_id"]
+    run_dir = RunDir(tmp_path / "runs" / "cut" / job_id)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if run_dir.progress.is_file() and \
+                json.loads(run_dir.progress.read_text()).get("step", 0) >= 1500:
+            break
+        time.sleep(0.5)
+    records = tmp_path / "runs" / "cut" / job_id / "attempts.jsonl"
+    try:
+        run_cli("cluster", "link", "node2", "down", env=env, check=True)
+        cut_at = time.monotonic()
+        while not records.is_file() and time.monotonic() - cut_at < 120:
+            time.sleep(0.5)
+        took = time.monotonic() - cut_at
+    finally:
+        run_cli("cluster", "link", "node2", "up", env=env, check=True)
+    assert took < 60, f"the attempt ended {took:.0f} s after node2's link went down"
+    (first,) = [json.loads(l) for l in records.read_text().splitlines()]
+    assert (first["outcome"], first["exit"], first["requeued"]) == ("failed", 1, True), first
+    marker = run_dir.failed(0).read_text()
+    assert "network: node2 unreachable from node1" in marker or \
+        "node2 itself lost its network" in marker, marker
+    status = run_cli("status", job_id, cwd=tmp_path, env=env, check=True).stdout
+    assert "node2" in status and "stalled in the allreduce" in status, status
+    saved = sorted((tmp_path / "runs" / "cut" / "checkpoints").glob("step-*"))
+    assert saved, "no checkpoint before the cut"
+    last = int(saved[-1].name.split("-")[1])
+    state = follow_job(env, job_id, tmp_path, cluster, timeout=400)
+    assert state["state"] == "COMPLETED", state
+    results = json.loads(run_dir.results.read_text())
+    assert results["final_step"] == 12000 and results["start_step"] == last, results
+    assert results["resumed_from"] and results["resumed_from"].endswith(saved[-1].name)

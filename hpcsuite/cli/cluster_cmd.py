@@ -112,16 +112,23 @@ def status_(as_json):
 
 @cluster.command("fabric")
 @click.argument("rate")
-def fabric_(rate):
+@click.option("--node", "nodes", multiple=True, metavar="NODE",
+              help="Shape only this node's link (repeatable), e.g. one node on a link ten "
+                   "times slower than the others'. Default: every node's.")
+def fabric_(rate, nodes):
     """Shape both ends of every node's link to RATE (e.g. 100mbit), on the running cluster
     started with `cluster up --fabric`. Jobs running go on at the new rate. The site
     profile keeps the rate the cluster was started with (what preflight.fabric checks)."""
+    from ..errors import UserError
     from ..site.fabric import rate_bps
 
     rate_bps(rate, "cluster fabric")
     _, f = _running_fabric()
-    f.shape(rate)
-    click.echo(f"links of {', '.join(f.nodes)} shaped to {rate} both ways "
+    for node in nodes:
+        if node not in f.nodes:
+            raise UserError(f"cluster fabric --node {node!r}: the nodes are {', '.join(f.nodes)}")
+    f.shape(rate, nodes or None)
+    click.echo(f"links of {', '.join(nodes or f.nodes)} shaped to {rate} both ways "
                f"(started at {f.rate})")
 
 
@@ -133,11 +140,14 @@ def link(node, state):
     bring it back up, on the running cluster started with `cluster up --fabric`."""
     from ..errors import UserError
 
-    _, f = _running_fabric()
+    c, f = _running_fabric()
     if node not in f.nodes:
         raise UserError(f"cluster link {node!r}: the nodes are {', '.join(f.nodes)}")
     f.set_link(node, state == "up")
     click.echo(f"{node}'s link ({f.host_if(node)}) is {state}")
+    if state == "up" and c.resume_unresponsive(node):
+        click.echo(f"Slurm had set {node} DOWN (not responding): resumed, as an admin does "
+                   "once a link is mended")
 
 
 @cluster.command()

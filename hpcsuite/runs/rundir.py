@@ -18,6 +18,7 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             STOP-REQUESTED-attempt-N     the batch shell caught a stop signal in attempt N
             FAILED-attempt-N             the first failure of attempt N was reported
             startup/attempt-N/rank-R.json  where rank R was when attempt N's startup watch ran
+            startup/attempt-N/net-R.json   the addresses where rank R's network watch answers
                                          out (no step within train.startup_timeout_seconds)
             script/attempt-N/rank-R.json  what rank R saw once its script returned (script mode)
             PREEMPTED                    "STEP REASON": the run stopped with a checkpoint
@@ -307,6 +308,9 @@ class RunDir:
 
     def startup_word(self, attempt: int | str, rank: int) -> Path:
         return self.startup(attempt) / startup_word_name(rank)
+
+    def net_peer(self, attempt: int | str, rank: int | str) -> Path:
+        return self.startup(attempt) / f"net-{rank}.json"
 
     def startup_words(self, attempt: int | str) -> list[Path]:
         return sorted(self.startup(attempt).glob(startup_word_name("*")))

@@ -26,6 +26,7 @@ from ..submit.spec import JobSpec
 from .checkpoint import Loaded
 from .data import open_train_eval
 from .job_io import hostname
+from .netwatch import beat
 from .policy import Policy
 from .schedule import learning_rate
 from .session import Collectives, Progress, Session
@@ -232,6 +233,7 @@ class Trainer:
                 p.step += 1
                 p.cursor = batch.cursor
                 now = clock()
+                beat()                   # the network watch's clock (runtime/netwatch.py)
                 m.step_times.append(now - t0)
                 m.data_times.append(data_time)
                 m.real.append(batch.step_real)

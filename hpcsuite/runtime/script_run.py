@@ -25,6 +25,7 @@ from ..submit.spec import JobSpec
 from . import startup
 from .collectives import HorovodObjects
 from .job_io import hostname, publish
+from .netwatch import beat
 from .policy import VOTE_SECONDS
 from .script_job import find_job, refuse_ranks_without_horovod
 from .session import Session, checksum
@@ -165,6 +166,7 @@ class Run:
         :meth:`should_stop` carries: those are shown at the vote."""
         s = self.session
         now = time.perf_counter()
+        beat()                           # the network watch's clock (runtime/netwatch.py)
         s.metrics.step_times.append(now - self._last)
         self._last = now
         for key, value in metrics.items():

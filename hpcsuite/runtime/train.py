@@ -20,7 +20,7 @@ from ..runs.attempts import attempt_number
 from ..runs.rundir import ENV, RunDir, failure_text
 from ..submit.spec import JobSpec
 from ..world import World, current
-from . import failwatch, startup
+from . import failwatch, netwatch, startup
 from .job_io import hostname, load_job, publish
 from .monitor import end_all
 from .placement import place
@@ -28,6 +28,8 @@ from .shm import private_shm
 from .signals import FLAG, announce_ready
 
 log = logging.getLogger(__name__)
+
+NETWORK_EXIT = 1     # a node lost its network: a failure like a crash (max_failures requeues it)
 
 
 def make_backend(job: JobSpec):
@@ -53,6 +55,10 @@ def main(job_path: str) -> None:
     # Another rank's failure ends this one at once: nothing is left to save, and the launcher
     # would take 10 s more to kill a rank waiting in an allreduce (runtime/failwatch.py).
     failwatch.watch(run_dir, rank, world.attempt)
+    # A node that lost its network: named in seconds, not at Slurm's node timeout or the time
+    # limit, while every rank waits in an allreduce (runtime/netwatch.py).
+    netwatch.watch(run_dir, rank, world.attempt, world.node,
+                   lambda text: fail(run_dir, rank, text, code=NETWORK_EXIT))
     try:
         placed = place(job, world.local_rank)     # before a framework sees the GPUs
     except UserError as e:                             # ranks sharing a GPU, not meant

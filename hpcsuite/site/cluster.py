@@ -26,7 +26,8 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
-from .daemons import Daemon, affinity, alive, is_ours, listening, port_taken, which
+from .daemons import (Daemon, affinity, alive, closed_to_others, is_ours, listening,
+                      port_taken, which)
 from .fabric import LocalFabric
 from .horovod_mpi import flavour_on_path
 from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, gpu_devices,
@@ -417,22 +418,24 @@ class LocalCluster:
             self._pidfile(d).unlink(missing_ok=True)
         return notes
 
+    def resume_unresponsive(self, node: str, wait: float = 15.0) -> bool:
+        """``node`` back in service if Slurm set it DOWN for not responding (its link was
+        down): slurmctld does not ping a DOWN node again, so it would stay down. Whether it
+        was resumed."""
+        done = slurm.call(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], env=self.env(),
+                          timeout=15, check=False)
+        if not done.stdout.strip().startswith("down"):
+            return False
+        slurm.call(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=self.env(),
+                   timeout=15, check=False)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and self.node_states().get(node, "").startswith("down"):
+            time.sleep(0.5)
+        return True
+
     def node_states(self) -> dict[str, str]:
         if not self.running():
             return {}
         done = slurm.call(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), timeout=15,
                           check=False)
         return slurm.parse_sinfo_nodes(done.stdout)
-
-
-# ---------------------------------------------------------------------- helpers
-
-def closed_to_others(path: Path) -> Path | None:
-    """The first directory from / down to ``path`` that other accounts cannot enter."""
-    for d in [*reversed(path.parents), path]:
-        try:
-            if not d.stat().st_mode & 0o001:
-                return d
-        except OSError:
-            return d
-    return None

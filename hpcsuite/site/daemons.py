@@ -75,3 +75,14 @@ def listening(port: int) -> bool:
 def which(prog: str) -> bool:
     from shutil import which
     return which(prog) is not None
+
+
+def closed_to_others(path: Path) -> Path | None:
+    """The first directory from / down to ``path`` that other accounts cannot enter."""
+    for d in [*reversed(path.parents), path]:
+        try:
+            if not d.stat().st_mode & 0o001:
+                return d
+        except OSError:
+            return d
+    return None

@@ -150,13 +150,13 @@ class LocalFabric:
             _ip("link", "del", self.bridge, check=False)
 
     # ------------------------------------------------------------ the running fabric
-    def shape(self, rate: str) -> None:
-        """Both ends of every node's link to ``rate``."""
+    def shape(self, rate: str, nodes: tuple[str, ...] | None = None) -> None:
+        """Both ends of every node's link (or of ``nodes``') to ``rate``."""
         bps = rate_bps(rate)
         burst = max(MIN_BURST, int(bps / 8 * 0.01))      # 10 ms at the rate
         tbf = ["root", "tbf", "rate", f"{int(bps)}bit", "burst", str(burst), "latency",
                f"{LIMIT_LATENCY_MS}ms"]
-        for node in self.nodes:
+        for node in nodes or self.nodes:
             _run(["tc", "qdisc", "replace", "dev", self.host_if(node), *tbf])
             _run(["tc", "-n", self.netns(node), "qdisc", "replace", "dev", NODE_IF, *tbf])
 

@@ -1,0 +1,103 @@
+"""The network watch without a cluster: when a stall is a stall, the listener and the probe,
+which node is named (this node or the peer, by whether the Slurm controller answers), and the
+watch ending the attempt only when a peer does not answer. tests/test_e2e_fabric.py cuts a
+node's link under a real job."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from hpcsuite.runs.rundir import RunDir
+from hpcsuite.runtime import netwatch as nw
+
+
+def test_a_stall_is_twenty_typical_steps_and_at_least_the_floor():
+    assert nw.stall_seconds([]) == nw.MIN_STALL_SECONDS
+    assert nw.stall_seconds([0.0, 0.1, 0.2, 0.3]) == nw.MIN_STALL_SECONDS
+    assert nw.stall_seconds([0.0, 2.0, 4.0, 6.0, 106.0]) == pytest.approx(40.0)  # median 2 s
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_listener_answers_and_a_closed_port_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(nw, "node_addresses", lambda: ["127.0.0.1"])
+    record = tmp_path / "net-0.json"
+    server = nw.listen(record, 0, "node1")
+    rec = json.loads(record.read_text())
+    assert rec == {"rank": 0, "node": "node1", "port": server.getsockname()[1],
+                   "addrs": ["127.0.0.1"]}
+    assert nw.answers(rec) is None
+    server.close()
+    said = nw.answers({"addrs": ["127.0.0.1"], "port": closed_port()}, timeout=1)
+    assert said.startswith("127.0.0.1:") and "refused" in said.lower()
+    assert nw.answers({"addrs": [], "port": 1}) == "no address recorded"
+
+
+def test_peers_are_the_other_nodes_lowest_ranks(tmp_path):
+    d = RunDir(tmp_path)
+    for rank, node in [(0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")]:
+        path = d.net_peer(0, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rank": rank, "node": node, "port": 1, "addrs": []}))
+    d.net_peer(0, 9).write_text("{broken")
+    assert {n: r["rank"] for n, r in nw.peers(tmp_path, 0, "node1").items()} == {"node2": 2}
+
+
+def test_who_is_named():
+    cut, text = nw.verdict("node1", 21.4, {"node2": "10.0.0.2:5 timed out after 3 s"}, True)
+    assert cut == ["node2"]
+    first, second = text.splitlines()
+    assert first.startswith("error: network: node2 unreachable from node1 (the Slurm "
+                            "controller answers here); no training step for 21 s: the ranks "
+                            "stalled in the allreduce")
+    assert first.endswith("tried from node1: node2: 10.0.0.2:5 timed out after 3 s")
+    assert second.startswith("error: the last checkpoint is kept: once the link is back")
+    cut, text = nw.verdict("node2", 22, {"node1": "timed out"}, False)   # its own link is down
+    assert cut == ["node2"] and "node2 itself lost its network" in text
+    cut, _ = nw.verdict("node1", 22, {"node2": "x", "node3": "y"}, None)
+    assert cut == ["node2", "node3"]
+
+
+def run_watch(tmp_path, monkeypatch, peer_port):
+    monkeypatch.setattr(nw, "node_addresses", lambda: ["127.0.0.1"])
+    monkeypatch.setattr(nw, "MIN_STALL_SECONDS", 0.3)
+    monkeypatch.setattr(nw, "TICK", 0.05)
+    monkeypatch.setattr(nw, "controller_answers", lambda: True)
+    peer = RunDir(tmp_path).net_peer(0, 1)
+    peer.parent.mkdir(parents=True, exist_ok=True)
+    peer.write_text(json.dumps({"rank": 1, "node": "node2", "port": peer_port,
+                                "addrs": ["127.0.0.1"]}))
+    failed = []
+    done = threading.Event()
+    nw.beat()
+    nw.beat()
+    nw.watch(tmp_path, 0, 0, "node1", lambda text: (failed.append(text), done.set()))
+    done.wait(3)
+    return failed
+
+
+def test_a_stall_with_a_peer_out_of_reach_ends_the_attempt(tmp_path, monkeypatch):
+    failed = run_watch(tmp_path, monkeypatch, closed_port())
+    assert len(failed) == 1 and "network: node2 unreachable from node1" in failed[0]
+    assert json.loads(RunDir(tmp_path).net_peer(0, 0).read_text())["node"] == "node1"
+
+
+def test_a_stall_with_every_peer_answering_is_left_alone(tmp_path, monkeypatch, caplog):
+    import logging
+
+    with socket.socket() as peer:
+        peer.bind(("127.0.0.1", 0))
+        peer.listen(8)
+        with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.netwatch"):
+            failed = run_watch(tmp_path, monkeypatch, peer.getsockname()[1])
+            time.sleep(0.5)
+    assert failed == []
+    said = [r.getMessage() for r in caplog.records if "not a network fault" in r.getMessage()]
+    assert len(said) == 1 and "every node answers (node2)" in said[0]
