@@ -63,6 +63,9 @@ def test_who_is_named():
     assert cut == ["node2"] and "node2 itself lost its network" in text
     cut, _ = nw.verdict("node1", 22, {"node2": "x", "node3": "y"}, None)
     assert cut == ["node2", "node3"]
+    # a refusal: node2 answered, its rank's process is gone (not a network fault)
+    cut, text = nw.verdict("node1", 22, {"node2": "10.0.0.2:5 Connection refused"}, True)
+    assert cut == ["node2"] and text.startswith("error: the ranks on node2 are gone (the node")
 
 
 def run_watch(tmp_path, monkeypatch, peer_port):
@@ -84,8 +87,8 @@ def run_watch(tmp_path, monkeypatch, peer_port):
 
 
 def test_a_stall_with_a_peer_out_of_reach_ends_the_attempt(tmp_path, monkeypatch):
-    failed = run_watch(tmp_path, monkeypatch, closed_port())
-    assert len(failed) == 1 and "network: node2 unreachable from node1" in failed[0]
+    failed = run_watch(tmp_path, monkeypatch, closed_port())   # refused: the rank is gone
+    assert len(failed) == 1 and "error: the ranks on node2 are gone" in failed[0]
     assert json.loads(RunDir(tmp_path).net_peer(0, 0).read_text())["node"] == "node1"
 
 

@@ -131,13 +131,20 @@ def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
 def verdict(node: str, idle: float, unreachable: dict[str, str],
             controller: bool | None) -> tuple[list[str], str]:
     """(the nodes that lost their network, the failure's text) from what this node saw."""
-    cut = [node] if controller is False and unreachable else sorted(unreachable)
     seen = "; ".join(f"{n}: {why}" for n, why in sorted(unreachable.items()))
     ctl = {True: "answers", False: "does not answer", None: "could not be asked"}[controller]
-    where = (f"{node} itself lost its network (it reaches none of its peers and the Slurm "
-             "controller does not answer it)" if cut == [node] else
-             f"{', '.join(cut)} unreachable from {node} (the Slurm controller {ctl} here)")
-    text = (f"error: network: {where}; no training step for {idle:.0f} s: the ranks stalled in "
+    if all("refused" in why.lower() for why in unreachable.values()):
+        # the node answered, with a refusal: its network is up, the rank's process is gone
+        cut = sorted(unreachable)
+        where = (f"the ranks on {', '.join(cut)} are gone (the node answers, but their watch's "
+                 "port refuses connections: the process ended or was killed)")
+    else:
+        cut = [node] if controller is False else sorted(unreachable)
+        where = "network: " + (
+            f"{node} itself lost its network (it reaches none of its peers and the Slurm "
+            "controller does not answer it)" if cut == [node] else
+            f"{', '.join(cut)} unreachable from {node} (the Slurm controller {ctl} here)")
+    text = (f"error: {where}; no training step for {idle:.0f} s: the ranks stalled in "
             "the allreduce (Horovod's stall check stays silent while every rank waits in MPI, "
             "and MPI's TCP retries run for minutes); "
             f"tried from {node}: {seen}\n"
