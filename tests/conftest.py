@@ -26,6 +26,16 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     return proc
 
 
+def cli_as_nobody(*args: str, cluster_dir: Path) -> subprocess.CompletedProcess:
+    """`hpcsuite ARGS` as the account nobody (no root), against the cluster in
+    ``cluster_dir``."""
+    probe = f"from hpcsuite.cli import main; main(args={list(args)!r}, prog_name='hpcsuite')"
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, env={"HPCSUITE_CLUSTER_DIR": str(cluster_dir),
+                                           "PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp"})
+
+
 def wait_for_text(path: Path, text: str, timeout: float = 180) -> None:
     """Until ``text`` appears in the file at ``path`` (a job's log)."""
     import time

@@ -67,13 +67,9 @@ def test_port_taken_is_a_clear_error(tmp_path):
 
 
 def test_not_root_is_a_clear_error(tmp_path):
-    probe = ("import sys; from hpcsuite.cli import main; main(args=['cluster','up'], "
-             "prog_name='hpcsuite')")
-    import sys
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=60, env={"HPCSUITE_CLUSTER_DIR": str(tmp_path / "c"),
-                                           "PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp"})
+    from conftest import cli_as_nobody
+
+    proc = cli_as_nobody("cluster", "up", cluster_dir=tmp_path / "c")
     assert proc.returncode == 2, proc.stderr
     assert "runs its daemons as root" in proc.stderr and "Traceback" not in proc.stderr
 

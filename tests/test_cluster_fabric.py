@@ -4,12 +4,10 @@ on a fabric, and the one-line errors (a bad rate, no root, no running fabric).
 tests/test_e2e_fabric.py starts one and runs jobs across it."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli_as_nobody, run_cli
 from hpcsuite.errors import UserError
 from hpcsuite.site import fabric as fb
 from hpcsuite.site.cluster import LocalCluster
@@ -105,12 +103,7 @@ def test_cli_refuses_a_bad_rate_and_a_cluster_without_a_fabric(tmp_path):
 
 
 def test_without_root_fabric_says_it_needs_root_in_one_line(tmp_path):
-    probe = ("from hpcsuite.cli import main; main(args=['cluster','up','--fabric','1gbit'], "
-             "prog_name='hpcsuite')")
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=60, env={"HPCSUITE_CLUSTER_DIR": str(tmp_path / "c"),
-                                           "PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp"})
+    proc = cli_as_nobody("cluster", "up", "--fabric", "1gbit", cluster_dir=tmp_path / "c")
     assert proc.returncode == 2, proc.stderr
     assert "--fabric makes network namespaces and shapes links with tc, which needs root" \
         in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
