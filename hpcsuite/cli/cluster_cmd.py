@@ -90,9 +90,10 @@ def status_(as_json):
     daemons = c.states()
     nodes = c.node_states()
     f = c.fabric_running()
+    rates = f.shaped_rates() if f is not None else {}
     links = None if f is None else {
         n: {"addr": f.addr(n), "interface": f.host_if(n), "up": f.link_up(n),
-            "rate": f.shaped_rates()[n], **{f"{k}_bytes": v for k, v in f.counters(n).items()}}
+            "rate": rates[n], **{f"{k}_bytes": v for k, v in f.counters(n).items()}}
         for n in f.nodes}
     if as_json:
         emit_json({"dir": str(c.root), "daemons": daemons, "nodes": nodes, "up": c.running(),
