@@ -68,7 +68,19 @@ def test_who_is_named():
     assert cut == ["node2"] and text.startswith("error: the ranks on node2 are gone (the node")
 
 
-def run_watch(tmp_path, monkeypatch, peer_port):
+@pytest.fixture(autouse=True)
+def stop_watches():
+    """Each test's watch ends with it (the watch is a daemon thread of the process)."""
+    stop = threading.Event()
+    STOPS.append(stop)
+    yield
+    stop.set()
+
+
+STOPS: list[threading.Event] = []
+
+
+def run_watch(tmp_path, monkeypatch, peer_port, close=None):
     monkeypatch.setattr(nw, "node_addresses", lambda: ["127.0.0.1"])
     monkeypatch.setattr(nw, "MIN_STALL_SECONDS", 0.3)
     monkeypatch.setattr(nw, "TICK", 0.05)
@@ -81,14 +93,32 @@ def run_watch(tmp_path, monkeypatch, peer_port):
     done = threading.Event()
     nw.beat()
     nw.beat()
-    nw.watch(tmp_path, 0, 0, "node1", lambda text: (failed.append(text), done.set()))
+    nw.watch(tmp_path, 0, 0, "node1", lambda text: (failed.append(text), done.set()),
+             stop=STOPS[-1])
+    if close is not None:       # the peer answered while training ran; now it is gone
+        time.sleep(0.2)
+        close()
     done.wait(3)
     return failed
 
 
-def test_a_stall_with_a_peer_out_of_reach_ends_the_attempt(tmp_path, monkeypatch):
-    failed = run_watch(tmp_path, monkeypatch, closed_port())   # refused: the rank is gone
-    assert len(failed) == 1 and "error: the ranks on node2 are gone" in failed[0]
+def test_a_peer_gone_in_a_stall_ends_the_attempt(tmp_path, monkeypatch):
+    peer = socket.socket()
+    peer.bind(("127.0.0.1", 0))
+    peer.listen(8)
+    failed = run_watch(tmp_path, monkeypatch, peer.getsockname()[1], close=peer.close)
+    assert len(failed) == 1 and "error: the ranks on node2 are gone" in failed[0]  # refused
+
+
+def test_a_peer_that_never_answered_is_not_watched(tmp_path, monkeypatch, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="hpcsuite.runtime.netwatch"):
+        failed = run_watch(tmp_path, monkeypatch, closed_port())   # a firewall, say
+        time.sleep(0.5)
+    assert failed == []
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("network watch: node2's port does not answer")
     assert json.loads(RunDir(tmp_path).net_peer(0, 0).read_text())["node"] == "node1"
 
 

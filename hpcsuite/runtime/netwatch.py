@@ -116,6 +116,22 @@ def answers(rec: dict, timeout: float = PROBE_SECONDS) -> str | None:
     return "; ".join(said) or "no address recorded"
 
 
+def baseline(others: dict[str, dict]) -> dict[str, dict]:
+    """The peers whose port answers while training runs: the ones a stall can be judged by. A
+    port that does not (a firewall between the nodes) is said once and not watched, so that a
+    stall of another kind is never taken for a network fault."""
+    kept = {}
+    for name, rec in others.items():
+        why = answers(rec)
+        if why is None:
+            kept[name] = rec
+        else:
+            log.warning("network watch: %s's port does not answer from here while training "
+                        "runs (%s; a firewall between the nodes?): its network is not watched",
+                        name, why)
+    return kept
+
+
 def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
     """Whether the Slurm controller answers ``scontrol ping`` from here (None: cannot tell)."""
     try:
@@ -153,9 +169,11 @@ def verdict(node: str, idle: float, unreachable: dict[str, str],
     return cut, text
 
 
-def watch(run_dir: Path, rank: int, attempt: int, node: str,
-          fail: Callable[[str], None]) -> threading.Thread | None:
-    """Start the listener and the watch for this rank; ``fail(text)`` ends the attempt."""
+def watch(run_dir: Path, rank: int, attempt: int, node: str, fail: Callable[[str], None],
+          stop: threading.Event | None = None) -> threading.Thread | None:
+    """Start the listener and the watch for this rank; ``fail(text)`` ends the attempt,
+    ``stop`` (tests) ends the watch."""
+    stop = stop or threading.Event()
     try:
         listen(RunDir(run_dir).net_peer(attempt, rank), rank, node)
     except (OSError, ImportError) as e:
@@ -163,24 +181,25 @@ def watch(run_dir: Path, rank: int, attempt: int, node: str,
         return None
 
     def run() -> None:
-        told = False
-        while True:
-            time.sleep(TICK)
+        told, watched = False, None
+        while not stop.wait(TICK):
             with _lock:
                 beats = list(_beats)
             if not beats:
                 continue                   # not training yet: the startup watch's time
+            if watched is None:            # a step ended: every rank has published its port
+                watched = baseline(peers(run_dir, attempt, node))
+                continue
             idle = time.monotonic() - beats[-1]
             if idle < stall_seconds(beats):
                 told = False
                 continue
-            others = peers(run_dir, attempt, node)
-            unreachable = {n: why for n, rec in others.items()
+            unreachable = {n: why for n, rec in watched.items()
                            if (why := answers(rec)) is not None}
             if not unreachable:
                 if not told:
                     log.info("no training step for %.0f s, and every node answers (%s): "
-                             "not a network fault", idle, ", ".join(others) or "one node")
+                             "not a network fault", idle, ", ".join(watched) or "one node")
                     told = True
                 continue
             _, text = verdict(node, idle, unreachable, controller_answers())
