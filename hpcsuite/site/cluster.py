@@ -241,19 +241,7 @@ class LocalCluster:
         notes = []
         states = self.states()
         if all(states.values()):
-            notes.append(f"cluster already up ({self.root})")
-            if self.declared_gpus() != self.gpus:
-                notes.append(f"it runs with {self.declared_gpus()} GPUs per node, not "
-                             f"{self.gpus}: `hpcsuite cluster down` and up again to change it")
-            for d in self.daemons():
-                if d.cpus and affinity(states[d.name]) not in (None, set(d.cpus)):
-                    notes.append(f"{d.name} was started on cores {sorted(affinity(states[d.name]))}"
-                                 f", not its own core {list(d.cpus)}: `hpcsuite cluster down` "
-                                 "and up again to pin it")
-            if self.asked_fabric and self.asked_fabric != self.fabric_running():
-                notes.append(f"it runs {self.fabric_words()}: `hpcsuite cluster fabric "
-                             f"{self.asked_fabric.rate}` changes a fabric's rate; `cluster "
-                             "down` and up again to change the rest")
+            notes += self._running_notes(states)
         else:
             for d in self.daemons():
                 port = self.ports().get(d.name)
@@ -283,6 +271,23 @@ class LocalCluster:
                 raise
             return notes
         self._wait_idle(timeout)
+        return notes
+
+    def _running_notes(self, states: dict[str, int | None]) -> list[str]:
+        """What `up` says of a cluster that already runs, and how it differs from the ask."""
+        notes = [f"cluster already up ({self.root})"]
+        if self.declared_gpus() != self.gpus:
+            notes.append(f"it runs with {self.declared_gpus()} GPUs per node, not "
+                         f"{self.gpus}: `hpcsuite cluster down` and up again to change it")
+        for d in self.daemons():
+            if d.cpus and affinity(states[d.name]) not in (None, set(d.cpus)):
+                notes.append(f"{d.name} was started on cores {sorted(affinity(states[d.name]))}"
+                             f", not its own core {list(d.cpus)}: `hpcsuite cluster down` "
+                             "and up again to pin it")
+        if self.asked_fabric and self.asked_fabric != self.fabric_running():
+            notes.append(f"it runs {self.fabric_words()}: `hpcsuite cluster fabric "
+                         f"{self.asked_fabric.rate}` changes a fabric's rate; `cluster "
+                         "down` and up again to change the rest")
         return notes
 
     def _network(self, started: bool) -> None:
