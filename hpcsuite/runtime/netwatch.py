@@ -22,12 +22,12 @@ import logging
 import os
 import socket
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
+from ..runs.results import write_json_atomic
 from ..runs.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -82,10 +82,8 @@ def listen(record: Path, rank: int, node: str) -> socket.socket:
 
     threading.Thread(target=serve, name="hpcsuite-net-listener", daemon=True).start()
     record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_name(f".{record.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"rank": rank, "node": node, "port": server.getsockname()[1],
-                               "addrs": node_addresses()}))
-    os.replace(tmp, record)
+    write_json_atomic(record, {"rank": rank, "node": node, "port": server.getsockname()[1],
+                               "addrs": node_addresses()})
     return server
 
 
@@ -134,12 +132,15 @@ def baseline(others: dict[str, dict]) -> dict[str, dict]:
 
 def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
     """Whether the Slurm controller answers ``scontrol ping`` from here (None: cannot tell)."""
+    from .. import slurm
+    from ..errors import UserError
+
     try:
-        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
+        done = slurm.call(["scontrol", "ping"], timeout=timeout, env=dict(os.environ),
+                          check=False)
+    except slurm.TimedOut:
         return False
-    except OSError:
+    except UserError:            # no scontrol here, or a slurm.conf it cannot read
         return None
     return " is UP" in done.stdout
 
