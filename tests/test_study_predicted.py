@@ -273,3 +273,19 @@ def test_a_limit_without_a_1_rank_point_still_predicts(tmp_path):
     assert rows["p00"]["predicted_step_s"] == pytest.approx(1.52e-3, rel=1e-9)
     assert "via_1_rank" not in rows["p00"]["prediction"]
     assert rows["p01"]["predicted_step_s"] is None
+
+
+def test_study_predict_reads_the_overlap_as_the_report_does(tmp_path):
+    # One core per rank: the report's step model overlaps nothing, and so does `study predict`
+    # of that study unless told otherwise; ranks with cores to spare overlap 2/3 of a step.
+    from hpcsuite.study.predict_io import workload_for, workload_from_study
+
+    one = [({"nodes": 1}, 1.2e-3, 32, {}, 1), ({"nodes": 2}, 2.1e-3, 32, {}, 1)]
+    four = [({"nodes": 1}, 1.2e-3, 32, {}, 4), ({"nodes": 2}, 2.1e-3, 32, {}, 4)]
+    assert workload_from_study(str(fake(tmp_path / "one", one).path), None) \
+        .backward_fraction == 0.0
+    assert workload_from_study(str(fake(tmp_path / "four", four).path), None) \
+        .backward_fraction == pytest.approx(2 / 3)
+    assert workload_from_study(str(tmp_path / "one"), 0.5).backward_fraction == 0.5
+    assert workload_for(None, 1000, None, 2.0, None, 8, None, None).backward_fraction == \
+        pytest.approx(2 / 3)

@@ -14,15 +14,18 @@ from ..errors import UserError
 from .predict import DEFAULT_COMPUTE_CV, HELPS, Workload, pooled_cv
 
 
-def workload_from_study(target: str, backward_fraction: float,
+def workload_from_study(target: str, backward_fraction: float | None,
                         batch: int | None = None) -> Workload:
     """The workload a study measured: gradient bytes and tensors from a training point's
     results, the step time from the smallest configuration's no-communication limit (or a
     1-rank training point), per micro-batch: the median over those points' jobs at one
     per-rank batch, ``batch`` or else the smallest measured (a study that sweeps the batch
-    measured one workload per batch, not one to average)."""
+    measured one workload per batch, not one to average). ``backward_fraction`` None: as the
+    study report's step model reads the study's jobs (none with one core per rank:
+    :func:`~hpcsuite.study.predicted.backward_fraction`)."""
     from .points import open_study
-    from .report import _results, throughput
+    from .predicted import backward_fraction as overlap_of
+    from .report import _job, _results, throughput
 
     sd = open_study(target)
     study, state = sd.study(), sd.state()
@@ -31,19 +34,23 @@ def workload_from_study(target: str, backward_fraction: float,
                         key=lambda p: (p.ranks, p.kind != "limit"))
     seen = set()
     for ranks in sorted({p.ranks for p in candidates}):
-        found: dict[int, list[tuple[float, dict]]] = {}
+        found: dict[int, list[tuple[float, dict, dict | None]]] = {}
         for point in (p for p in candidates if p.ranks == ranks):
-            results = _results(sd, point, state.get(point.id, {}))
+            entry = state.get(point.id, {})
+            results = _results(sd, point, entry)
             measured = results and throughput(results, study.warmup_steps, study.steps)
             if measured and results.get("gradient_bytes"):
                 step = measured[1] / (results.get("grad_accumulation") or 1)
                 size = int(results.get("batch_size_per_rank") or 1)
-                found.setdefault(size, []).append((step, results))
+                found.setdefault(size, []).append((step, results, _job(sd, point, entry)))
         seen |= set(found)
         chosen = batch if batch is not None else min(found, default=None)
         if chosen in found:
-            steps = [step for step, _ in found[chosen]]
-            last = found[chosen][-1][1]
+            steps = [step for step, _, _ in found[chosen]]
+            last, job = found[chosen][-1][1:]
+            if backward_fraction is None:
+                cpus = ((job or {}).get("resources") or {}).get("cpus_per_task") or 1
+                backward_fraction = overlap_of(int(cpus))
             return Workload(float(last["gradient_bytes"]), statistics.median(steps), chosen,
                             backward_fraction, int(last.get("gradient_tensors") or 0) or None)
     if batch is not None and seen:
@@ -267,7 +274,8 @@ def workload_for(target, params, model_bytes, step_ms, throughput, batch,
     batch = batch or 1
     step_s = step_ms / 1000 if step_ms is not None else batch / throughput
     nbytes = model_bytes if model_bytes is not None else params * 4
-    return Workload(float(nbytes), step_s, batch, backward_fraction, tensors)
+    return Workload(float(nbytes), step_s, batch,
+                    2 / 3 if backward_fraction is None else backward_fraction, tensors)
 
 
 def profile_fabric(profile_path: str | None):
