@@ -120,12 +120,15 @@ def fits(sd: StudyDir, points: list[Point], state: dict) -> dict[tuple[int, int]
 
 
 def fit_measurements(data: dict, which: str):
-    """The α-β fit of one side ("horovod" or "mpi") of an allreduce benchmark's results."""
+    """The α-β fit of one side ("horovod" or "mpi") of an allreduce benchmark's results:
+    fitted here to its measured points, so that a report reads every benchmark with today's
+    fit; the fit the benchmark recorded where it kept no points."""
     from ..alphabeta import AlphaBeta, fit
 
-    if isinstance(data.get("fit", {}).get(which), dict) and "alpha_s" in data["fit"][which]:
+    rows = [r for r in data.get("points", []) if isinstance(r, dict) and r.get(f"{which}_s")]
+    if len({r.get("bytes") for r in rows}) < 2 and \
+            isinstance(data.get("fit", {}).get(which), dict) and "alpha_s" in data["fit"][which]:
         return AlphaBeta.from_json(data["fit"][which])
-    rows = [r for r in data.get("points", []) if r.get(f"{which}_s")]
     return fit([r["bytes"] for r in rows], [r[f"{which}_s"] for r in rows], int(data["world_size"]))
 
 
