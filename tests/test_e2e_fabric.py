@@ -248,3 +248,28 @@ def test_a_node_that_loses_its_network_is_named_in_seconds_and_the_requeue_resum
     results = json.loads(run_dir.results.read_text())
     assert results["final_step"] == 6000 and results["start_step"] == last, results
     assert results["resumed_from"] and results["resumed_from"].endswith(saved[-1].name)
+
+
+def test_cluster_down_ends_a_running_job_and_leaves_no_namespace_behind(fabric_cluster,
+                                                                         tmp_path):
+    # Last in the module: it takes the cluster down under a running 2-node job. Its
+    # slurmstepds live in the nodes' namespaces; left running, they would keep each namespace
+    # and its link alive after `down`, and the next `up --fabric` would fail on the link.
+    cluster, env = fabric_cluster
+    fabric = cluster.fabric
+    done = sh(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "-o", str(tmp_path / "o"),
+               "--wrap", "srun sleep 600"], env)
+    job = done.stdout.strip()
+    assert job, done.stderr
+    deadline = time.monotonic() + 60
+    while sh(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip() != "R" and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    ns = fabric.netns("node2")
+    assert sh(["ip", "netns", "pids", ns], env).stdout.split(), "nothing runs in node2's namespace"
+    notes = cluster.down()
+    assert any("cancelled 1 job(s)" in n for n in notes), notes
+    assert not any(Path(f"/run/netns/{fabric.netns(n)}").exists() for n in fabric.nodes)
+    assert not any(Path(f"/sys/class/net/{fabric.host_if(n)}").exists() for n in fabric.nodes)
+    left = sh(["pgrep", "-f", f"slurmstepd: \\[{job}\\."], env).stdout.split()
+    assert not left, f"job {job}'s slurmstepd survived `cluster down`: {left}"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
-from .daemons import (Daemon, affinity, alive, closed_to_others, is_ours, listening,
-                      port_taken, which)
+from .daemons import (Daemon, affinity, alive, closed_to_others, end_jobs, is_ours,
+                      listening, port_taken, which)
 from .fabric import LocalFabric
 from .horovod_mpi import flavour_on_path
 from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, gpu_devices,
@@ -396,8 +396,10 @@ class LocalCluster:
 
     def down(self, timeout: float = 20.0) -> list[str]:
         """Stop every daemon this cluster started, slurmd first, munged last; then remove the
-        nodes' namespaces and links (--fabric)."""
-        notes = self._stop(reversed(self.daemons()), timeout)
+        nodes' namespaces and links (--fabric). Jobs still in Slurm are cancelled first."""
+        ended = end_jobs(self.env()) if self.states().get("slurmctld") else 0
+        notes = [f"cancelled {ended} job(s) still in Slurm"] if ended else []
+        notes += self._stop(reversed(self.daemons()), timeout)
         fabric = LocalFabric.recorded(self.root)
         if fabric is not None and fabric.exists():
             fabric.remove()

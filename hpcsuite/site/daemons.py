@@ -86,3 +86,26 @@ def closed_to_others(path: Path) -> Path | None:
         except OSError:
             return d
     return None
+
+
+def end_jobs(env: dict, wait: float = 15.0) -> int:
+    """Cancel every job the cluster behind ``env`` (its SLURM_CONF) still has, and wait up to
+    ``wait`` seconds for them to leave: stopping the daemons under a running job would leave
+    its slurmstepd and ranks running with no slurmd to end them (and, on a fabric, keep the
+    node's network namespace alive). How many jobs there were (0 when Slurm cannot be
+    asked)."""
+    import time
+
+    from .. import slurm
+
+    def jobs() -> list[str]:
+        done = slurm.call(["squeue", "-h", "-o", "%i"], env=env, timeout=10, check=False)
+        return done.stdout.split() if done.returncode == 0 else []
+
+    found = jobs()
+    if found:
+        slurm.call(["scancel", *found], env=env, timeout=10, check=False)
+        deadline = time.monotonic() + wait
+        while jobs() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    return len(found)
