@@ -133,7 +133,7 @@ def train_run(env, work: Path, *job) -> tuple[float, float]:
     command = f"-x {rundir.ENV} {PY} -m hpcsuite train --job {RunDir(run_dir).job}"
     _, nodes, _, _, _, cycle, spin = job
     script = plain_script(work, run_dir / "slurm.out", nodes, cycle, spin, command,
-                          f"export {rundir.ENV}={run_dir}")
+                          f"export {rundir.ENV}={run_dir}", env.get("HPCSUITE_PROFILE"))
     return run_results(run_dir, "hpcsuite train under the plain script",
                        sbatch_wait(env, work, script))
 
@@ -157,9 +157,25 @@ mpirun -np {nodes} -npernode 1 --map-by slot --bind-to none --mca pml ob1 --mca 
 """
 
 
+def profile_env(path: str | None) -> str:
+    """``export`` lines for the site profile's `env:` (HPCSUITE_PROFILE), which hpcsuite's
+    scripts export too: on a fabric cluster (`cluster up --fabric`) Open MPI's TCP settings,
+    which mpirun passes on to the ranks (without them its put protocol carries about 2/3 of
+    the link, docs/BENCHMARKS.md "A shaped link between the nodes")."""
+    import yaml
+
+    try:
+        values = (yaml.safe_load(Path(path).read_text()) or {}).get("env") or {} if path else {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        values = {}
+    return "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(values.items()))
+
+
 def plain_script(work: Path, out: Path, nodes: int, cycle: float, spin: bool, command: str,
-                 export: str = "") -> Path:
-    """The plain loops' batch script, running ``command`` on every rank."""
+                 export: str = "", profile: str | None = None) -> Path:
+    """The plain loops' batch script, running ``command`` on every rank, with the site
+    profile's environment (``profile``'s, :func:`profile_env`)."""
+    export = "\n".join(line for line in (profile_env(profile), export) if line)
     script = work / "plain.sbatch"
     script.write_text(PLAIN.format(nodes=nodes, out=out, cycle=cycle, yield_=0 if spin else 1,
                                    export=export, command=command))
@@ -172,7 +188,8 @@ def plain_run(env, work: Path, backend: str, nodes: int, batch: int, steps: int,
     command = (f"{PY} {ROOT / 'bench' / 'plain_loop.py'} --backend {backend} --model mlp "
                f"--shape {shape} --classes 10 --batch {batch} --steps {steps}"
                + (f" --fresh-data --samples {fresh}" if fresh else ""))
-    done = sbatch_wait(env, work, plain_script(work, out, nodes, cycle, spin, command))
+    done = sbatch_wait(env, work, plain_script(work, out, nodes, cycle, spin, command,
+                                               profile=env.get("HPCSUITE_PROFILE")))
     text = out.read_text() if out.is_file() else ""
     for line in text.splitlines():
         if line.startswith("{") and "samples_per_s_steady" in line:
