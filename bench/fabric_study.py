@@ -96,9 +96,18 @@ def study_dir(base: Path, rate: str, size: str) -> Path:
     return base / f"{rate}-{size}" / f"{rate}-{size}"
 
 
+def node_sysctls(cluster, settings: list[str]) -> None:
+    """``--sysctl KEY=VALUE`` in each node's network namespace (net.* keys are per namespace)."""
+    for node in cluster.fabric.nodes:
+        for setting in settings:
+            subprocess.run(["ip", "netns", "exec", cluster.fabric.netns(node), "sysctl", "-q",
+                            "-w", setting], check=True)
+
+
 def studies(args, budget: Budget) -> int:
     sizes = args.sizes.split(",")
-    with budget.watch(), fabric_cluster(args.port, args.rate) as (_, env, _root):
+    with budget.watch(), fabric_cluster(args.port, args.rate) as (cluster, env, _root):
+        node_sysctls(cluster, args.sysctl)
         for size in budget.each(sizes):
             where = args.dir / f"{args.rate}-{size}"
             if study_dir(args.dir, args.rate, size).is_dir():
@@ -223,7 +232,8 @@ def knobs(args, budget: Budget) -> int:
     base = sd.parent / "job.yaml"
     steps, warmup = args.steps, args.warmup
     rounds = list(range(args.repeats))
-    with budget.watch(), fabric_cluster(args.port, args.rate) as (_, env, root):
+    with budget.watch(), fabric_cluster(args.port, args.rate) as (cluster, env, root):
+        node_sysctls(cluster, args.sysctl)
         for r in budget.each(rounds):
             order = labels[r % len(labels):] + labels[:r % len(labels)]
             for label in order:
@@ -280,6 +290,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/hpcsuite-fabric-study"))
     ap.add_argument("--port", type=int, default=17417)
+    ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in each node's network namespace before the jobs, e.g. "
+                         "net.ipv4.tcp_slow_start_after_idle=0 (repeatable)")
     Budget.add_argument(ap, 1080, "studies or rounds")
     args = ap.parse_args()
     if args.what == "studies" and set(args.sizes.split(",")) - set(SIZES):

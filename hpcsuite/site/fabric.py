@@ -30,7 +30,12 @@ from pathlib import Path
 from ..errors import UserError
 
 NODE_IF = "eth0"              # the node's end of its link, inside its namespace
-LIMIT_LATENCY_MS = 50         # tbf's queue: what waits longer is dropped
+# tbf's queue: what waits longer is dropped. A switch's buffer, not a home router's: with 50 ms
+# TCP filled the queue, each round trip took tens of ms, and every step's allreduce, after the
+# link idled through the computation, paid TCP's slow start again over those round trips (an
+# 8 MB allreduce at 1 Gbit/s: 135 ms steps, 119 with tcp_slow_start_after_idle=0, 121 with this
+# queue). Raw TCP reaches the rate either way (0.956 of 250 Mbit/s, 0.953 of 1 Gbit/s).
+LIMIT_LATENCY_MS = 5
 # tbf's bucket: one 64 KiB GSO segment, what a veth sends at once (tbf drops what exceeds the
 # burst). No more: the bucket refills while the link idles (a rank computing), and a burst goes
 # at memory speed, which no wire does. A 10 ms bucket made a 1 MB allreduce after 11 ms of
