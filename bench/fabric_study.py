@@ -139,20 +139,23 @@ def report_of(sd: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def mpi_fit(sd: Path):
-    """The study's own allreduce benchmark on 2 nodes, MPI's side fitted (bandwidth, α)."""
-    from hpcsuite.study.points import open_study
-    from hpcsuite.study.report import fits
+def link_of(sd: Path):
+    """The link the study's own allreduce benchmark measured (`study predict --fabric
+    measured`): MPI's busbw of large allreduces and its fitted per-step latency."""
+    from hpcsuite.errors import UserError
+    from hpcsuite.study.predict_io import measured_fabric
 
-    s = open_study(str(sd))
-    horovod, mpi = fits(s, s.points(), s.state()).get((2, 1), (None, None))
-    return mpi or horovod
+    try:
+        return measured_fabric(str(sd)).inter
+    except UserError:
+        return None
 
 
-def predicted(sd: Path, fit, *options: str, nodes: str = "1,2") -> dict:
-    argv = [*CLI, "study", "predict", str(sd), "--nodes", nodes,
-            "--bandwidth", f"{fit.bandwidth_Bps / 1e9:.6g}",
-            "--latency", f"{fit.alpha_s * 1e6:.6g}", "--json", *options]
+def predicted(sd: Path, link=None, *options: str, nodes: str = "1,2") -> dict:
+    """`study predict` of the study at ``link`` (a Link), or else at its own measured one."""
+    given = ["--bandwidth", f"{link.bandwidth_GBps:.6g}", "--latency", f"{link.latency_us:.6g}"] \
+        if link is not None else ["--fabric", "measured"]
+    argv = [*CLI, "study", "predict", str(sd), "--nodes", nodes, *given, "--json", *options]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"study predict {sd}: {done.stderr.strip()}")
@@ -170,7 +173,7 @@ def table_text(base: Path) -> str:
     info = {}
     for sd in found:
         rate, size = sd.name.rsplit("-", 1)
-        report, fit = report_of(sd), mpi_fit(sd)
+        report, fit = report_of(sd), link_of(sd)
         info[sd] = (rate, size, report, fit, two_node(report))
     lines = ["2 nodes against 1 (one rank each), the built-in MLP; eff: efficiency, "
              "pts: points of efficiency, predicted - measured", "",
@@ -185,7 +188,7 @@ def table_text(base: Path) -> str:
         m = row["model"] or {}
         ab = (row["limit_step_s"]["median"] or 0) + m.get("predicted_comm_s", 0)
         step = row["step_s"]["median"]
-        eff = predicted(sd, fit)["series"]["current"][-1]["efficiency"]
+        eff = predicted(sd)["series"]["current"][-1]["efficiency"]
         model_step = row.get("predicted_step_s")
         lines.append(
             f"{sd.name:>13} {fit.bandwidth_Bps / 1e6:10.1f} {one['step_s']['median'] * 1e3:9.1f} "
@@ -224,7 +227,7 @@ def knobs(args, budget: Budget) -> int:
     sd = study_dir(args.dir, args.rate, args.size)
     if not sd.is_dir():
         raise SystemExit(f"{sd}: no study at {args.rate} of {args.size}; run `studies` first")
-    report, fit = report_of(sd), mpi_fit(sd)
+    report, fit = report_of(sd), link_of(sd)
     row = two_node(report)
     advice = [k["knob"] for k in ((row or {}).get("model") or {}).get("knobs", [])]
     labels = list(KNOBS)
@@ -251,18 +254,18 @@ def knobs(args, budget: Budget) -> int:
                 if got:
                     measured[label].append(got)
                 print(f"round {r} {label}: {got:.1f} samples/s", file=sys.stderr)
-    base_pred = predicted(sd, fit, nodes="2")["series"]["current"][0]["throughput"]
+    base_pred = predicted(sd, None, nodes="2")["series"]["current"][0]["throughput"]
     lines = [f"{args.rate}, {args.size} of gradients, 2 nodes: measured speed-up over the "
              f"baseline (median of {args.repeats} rounds) beside `study predict {sd.name}` "
-             f"(busbw {fit.bandwidth_Bps / 1e6:.1f} MB/s) and the study report's advice", "",
+             f"--fabric measured, busbw {fit.bandwidth_Bps / 1e6:.1f} MB/s) and the study report's advice", "",
              f"{'knob':>17} {'samples/s':>10} {'measured':>9} {'predicted':>9} "
              f"{'advice rank':>11}"]
     out = {"rate": args.rate, "size": args.size, "study": str(sd), "advice": advice,
-           "busbw_Bps": fit.bandwidth_Bps, "rows": []}
+           "busbw_Bps": fit.bandwidth_Bps if fit else None, "rows": []}
     base_thr = statistics.median(measured["baseline"]) if measured["baseline"] else None
     for label in labels:
         values = measured[label]
-        pred = predicted(sd, fit, *KNOBS[label][1], nodes="2")["series"]["current"][0]
+        pred = predicted(sd, None, *KNOBS[label][1], nodes="2")["series"]["current"][0]
         speed = statistics.median(values) / base_thr if values and base_thr else None
         rank = (advice.index(ADVICE_KEY[label]) + 1) if ADVICE_KEY.get(label) in advice else None
         lines.append(f"{label:>17} {statistics.median(values) if values else 0:10.1f} "

@@ -289,3 +289,39 @@ def test_study_predict_reads_the_overlap_as_the_report_does(tmp_path):
     assert workload_from_study(str(tmp_path / "one"), 0.5).backward_fraction == 0.5
     assert workload_for(None, 1000, None, 2.0, None, 8, None, None).backward_fraction == \
         pytest.approx(2 / 3)
+
+
+def test_fabric_measured_is_the_large_allreduces_busbw_and_mpis_latency(tmp_path):
+    # The study's own benchmark: MPI at 6 µs per step and 29.5 MB/s from 64 KiB up, but 1 KiB
+    # at 36 µs. --fabric measured takes the busbw of 1 MiB and up and the fit's α.
+    from click.testing import CliRunner
+
+    from hpcsuite.cli import main
+    from hpcsuite.errors import UserError
+    from hpcsuite.study.predict_io import measured_fabric
+
+    configs = [({"nodes": 1}, 1.2e-3, 32, {}, 1), ({"nodes": 2}, 2.1e-3, 32, {}, 1)]
+    sd = fake(tmp_path / "s", configs)
+    sizes = [4 * 4 ** k for k in range(13)]
+    rows = [{"bytes": s, "mpi_s": 12e-6 + s / 29.5e6, "horovod_s": 1e-3 + s / 29.5e6}
+            for s in sizes]
+    rows[4]["mpi_s"] = 36e-6
+    rows[-1]["mpi_s"] = rows[-1]["bytes"] / 20e6             # one slow 64 MiB repeat
+    bench = sd.path / "runs" / "s-a00" / "999" / "allreduce.json"
+    bench.write_text(json.dumps({"world_size": 2, "points": rows}))
+    link = measured_fabric(str(sd.path)).inter
+    busbw = sorted([20e6] + [s / (12e-6 + s / 29.5e6) for s in sizes[9:12]])   # 1 to 64 MiB
+    assert link.bandwidth_Bps == pytest.approx((busbw[1] + busbw[2]) / 2, rel=1e-9)
+    assert link.latency_us == pytest.approx(6, rel=0.05)
+    out = CliRunner().invoke(main, ["study", "predict", str(sd.path), "--nodes", "1,2",
+                                    "--fabric", "measured", "--json"],
+                             env={"HPCSUITE_PROFILE": ""})
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["fabric"].startswith(f"measured by {sd.path} on 2 nodes")
+    one = fake(tmp_path / "one", configs[:1], fits=())
+    with pytest.raises(UserError, match="no finished allreduce benchmark across nodes"):
+        measured_fabric(str(one.path))
+    out = CliRunner().invoke(main, ["study", "predict", "--params", "1000", "--step-ms", "2",
+                                    "--nodes", "1,2", "--fabric", "measured"],
+                             env={"HPCSUITE_PROFILE": ""})
+    assert out.exit_code == 2 and "measured reads a study's allreduce benchmark" in out.output

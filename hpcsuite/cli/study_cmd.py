@@ -187,8 +187,9 @@ _POSITIVE = click.FloatRange(min=0.0, min_open=True)
 @click.option("--nodes", required=True, metavar="N,N,...", help="Node counts, e.g. 1,2,4,8,16.")
 @click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=1, show_default=True)
 @click.option("--fabric", metavar="NAME", help="A fabric preset: 10gbe-tcp, 25gbe-tcp, "
-              "100gbe-tcp, 25gbe-roce, 100gbe-roce, ib-edr, ib-hdr, ib-ndr (default: the site "
-              "profile's `fabric`).")
+              "100gbe-tcp, 25gbe-roce, 100gbe-roce, ib-edr, ib-hdr, ib-ndr; or measured: the "
+              "link the study's own allreduce benchmark measured across nodes (MPI's busbw of "
+              "1 MiB and larger, its fitted latency) (default: the site profile's `fabric`).")
 @click.option("--bandwidth", type=_POSITIVE, help="Instead of --fabric: bus bandwidth between "
               "nodes in GB/s (nccl-tests' busbw of large allreduces).")
 @click.option("--latency", type=click.FloatRange(min=0.0), help="With --bandwidth: latency per "
@@ -256,7 +257,8 @@ def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_
 
     node_list, given_cv = parse_nodes(nodes), parse_cv(compute_cv)
     chosen = fabric_for(fabric, bandwidth, latency, intra_node, hierarchical,
-                        None if fabric or bandwidth is not None else _site_fabric(profile_path))
+                        None if fabric or bandwidth is not None else _site_fabric(profile_path),
+                        target)
     workload = workload_for(target, params, model_bytes, step_ms, throughput, batch,
                             backward_fraction, tensors)
     workload, spread_source = spread_for(target, workload, given_cv)

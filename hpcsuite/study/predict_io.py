@@ -228,8 +228,50 @@ def parse_nodes(text: str) -> list[int]:
     return sorted(set(nodes))
 
 
-def fabric_for(name, bandwidth, latency, intra, hierarchical, profile_fabric):
-    """The fabric from --fabric NAME, --bandwidth/--latency, or else the site profile's."""
+# "busbw of large allreduces" (what --bandwidth asks for): a benchmark's sizes from 1 MiB up.
+LARGE_BYTES = 1 << 20
+
+
+def measured_fabric(target: str | None):
+    """``--fabric measured``: the link the study's own allreduce benchmark measured, on its
+    allocation with the most nodes: MPI's bus bandwidth of large allreduces (the median over
+    its sizes from 1 MiB up) and the per-step latency MPI's α-β fit gives. Not the fit's B: on
+    the local cluster's 1 Gbit/s link the many small sizes set it 8 % above what the large
+    ones carried (docs/BENCHMARKS.md, "Studies, predict and the knobs on the shaped link")."""
+    from ..alphabeta import FitError, bus_bandwidth
+    from ..fabrics import Fabric, Link
+    from .points import open_study
+    from .report import _results, fit_measurements
+
+    if not target:
+        raise UserError("--fabric: measured reads a study's allreduce benchmark; give the study")
+    sd = open_study(target)
+    state = sd.state()
+    benches = sorted((p for p in sd.points() if p.kind == "allreduce"
+                      and int(p.axes["nodes"]) > 1), key=lambda p: -int(p.axes["nodes"]))
+    for point in benches:
+        data = _results(sd, point, state.get(point.id, {}))
+        if not data:
+            continue
+        try:
+            alpha = fit_measurements(data, "mpi").alpha_s
+            ranks = int(data["world_size"])
+            large = [float(bus_bandwidth(r["bytes"], r["mpi_s"], ranks))
+                     for r in data.get("points", []) if r.get("bytes", 0) >= LARGE_BYTES
+                     and r.get("mpi_s")]
+        except (FitError, KeyError, TypeError, ValueError):
+            continue
+        if large:
+            busbw = statistics.median(large)
+            return Fabric(f"measured by {target} on {point.axes['nodes']} nodes",
+                          Link(busbw / 1e9, alpha * 1e6), base_latency_us=0.0)
+    raise UserError(f"--fabric: {target} has no finished allreduce benchmark across nodes "
+                    "with MPI's times of 1 MiB or more (a study of one node measures no link)")
+
+
+def fabric_for(name, bandwidth, latency, intra, hierarchical, profile_fabric, target=None):
+    """The fabric from --fabric NAME (``measured``: the study's own benchmark),
+    --bandwidth/--latency, or else the site profile's."""
     from ..fabrics import Fabric, Link, intra_preset, preset, unknown_preset, INTRA_PRESETS
 
     if name and (bandwidth is not None or latency is not None):
@@ -238,7 +280,9 @@ def fabric_for(name, bandwidth, latency, intra, hierarchical, profile_fabric):
         raise UserError("--bandwidth: give both --bandwidth (GB/s) and --latency (us)")
     if intra and unknown_preset(intra, INTRA_PRESETS):
         raise UserError(f"--intra-node: {unknown_preset(intra, INTRA_PRESETS)}")
-    if name:
+    if name == "measured":
+        fabric = measured_fabric(target)
+    elif name:
         if unknown_preset(name):
             raise UserError(f"--fabric: {unknown_preset(name)}")
         fabric = Fabric(name, preset(name))
