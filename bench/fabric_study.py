@@ -223,14 +223,46 @@ def throughput(results: dict, warmup: int, steps: int) -> float | None:
     return got[0] if got else None
 
 
+def advised(row: dict | None) -> tuple[list[str], dict[str, float], int | None]:
+    """The study report's advice for its 2-node point: the knobs it names, best first; the
+    speed-up over now it predicts for each measured setting it covers (the fraction of the
+    no-communication limit it predicts over the measured one); the accumulation it advises."""
+    from hpcsuite.study.advice import scale_to_reach
+
+    m = (row or {}).get("model") or {}
+    options = m.get("knobs") or []
+    if not options:
+        return [], {}, None
+    now, c, o = m["now_of_limit"], m["compute_s"], m["measured_overhead_s"]
+    names = [k["knob"] for k in options]
+    k = scale_to_reach(c, o)
+    out = {f"accumulation {n}": n * c / (n * c + o) / now for n in (2, 4, k)}
+    for option in options:
+        if option["knob"] == "train.horovod.compression":
+            out["fp16 compression"] = option["of_limit"] / now
+        elif option["knob"] == "train.horovod.cycle_time_ms":
+            cycle = option["how"].split(":")[0]
+            out[f"cycle {cycle} ms"] = option["of_limit"] / now
+        elif option["knob"] == "train.horovod.fusion_threshold_mb":
+            out["fusion off"] = 1.0           # it advises fusing more, never less
+    return names, out, k
+
+
 def knobs(args, budget: Budget) -> int:
     sd = study_dir(args.dir, args.rate, args.size)
     if not sd.is_dir():
         raise SystemExit(f"{sd}: no study at {args.rate} of {args.size}; run `studies` first")
     report, fit = report_of(sd), link_of(sd)
-    row = two_node(report)
-    advice = [k["knob"] for k in ((row or {}).get("model") or {}).get("knobs", [])]
-    labels = list(KNOBS)
+    names, advice, k = advised(two_node(report))
+    settings = dict(KNOBS)
+    first = None
+    if k and names and names[0] in ("train.batch_size", "train.grad_accumulation"):
+        # The advice's first knob, measured as its memory-free twin: k micro-batches per
+        # allreduce is k times the computation for the same allreduce, as k times the batch.
+        first = f"accumulation {k}"
+        settings.setdefault(first, ([f"train.grad_accumulation={k}"],
+                                    ["--accumulation", str(k)]))
+    labels = list(settings)
     measured: dict[str, list[float]] = {k: [] for k in labels}
     base = sd.parent / "job.yaml"
     steps, warmup = args.steps, args.warmup
@@ -240,7 +272,7 @@ def knobs(args, budget: Budget) -> int:
         for r in budget.each(rounds):
             order = labels[r % len(labels):] + labels[:r % len(labels)]
             for label in order:
-                sets = [*KNOBS[label][0], "resources.nodes=2", f"output_dir={root}/runs",
+                sets = [*settings[label][0], "resources.nodes=2", f"output_dir={root}/runs",
                         f"train.max_steps={warmup + steps}", "train.epochs=1000000"]
                 argv = ["submit", str(base), "--wait", "--json",
                         *[a for s in sets for a in ("--set", s)]]
@@ -249,33 +281,38 @@ def knobs(args, budget: Budget) -> int:
                     print(f"{label}: exit {done.returncode}: {done.stderr.strip()[-400:]}",
                           file=sys.stderr)
                     continue
-                results = json.loads(done.stdout)["results"]
-                got = throughput(results, warmup, steps)
+                got = throughput(json.loads(done.stdout)["results"], warmup, steps)
                 if got:
                     measured[label].append(got)
-                print(f"round {r} {label}: {got:.1f} samples/s", file=sys.stderr)
+                    print(f"round {r} {label}: {got:.1f} samples/s", file=sys.stderr)
     base_pred = predicted(sd, None, nodes="2")["series"]["current"][0]["throughput"]
-    lines = [f"{args.rate}, {args.size} of gradients, 2 nodes: measured speed-up over the "
-             f"baseline (median of {args.repeats} rounds) beside `study predict {sd.name}` "
-             f"--fabric measured, busbw {fit.bandwidth_Bps / 1e6:.1f} MB/s) and the study report's advice", "",
-             f"{'knob':>17} {'samples/s':>10} {'measured':>9} {'predicted':>9} "
-             f"{'advice rank':>11}"]
-    out = {"rate": args.rate, "size": args.size, "study": str(sd), "advice": advice,
-           "busbw_Bps": fit.bandwidth_Bps if fit else None, "rows": []}
     base_thr = statistics.median(measured["baseline"]) if measured["baseline"] else None
+    lines = [f"{args.rate}, {args.size} of gradients, 2 nodes: each knob's speed-up over the "
+             f"baseline, measured (median samples/s of {args.repeats} rounds), by `study "
+             f"predict {sd.name} --fabric measured` (busbw "
+             f"{fit.bandwidth_Bps / 1e6:.1f} MB/s) and by the study report's advice", "",
+             f"{'knob':>17} {'samples/s':>10} {'measured':>9} {'predict':>8} {'advice':>7}"]
+    out = {"rate": args.rate, "size": args.size, "study": str(sd), "advice": names,
+           "advice_first_measured_as": first,
+           "busbw_Bps": fit.bandwidth_Bps if fit else None, "rows": []}
     for label in labels:
         values = measured[label]
-        pred = predicted(sd, None, *KNOBS[label][1], nodes="2")["series"]["current"][0]
+        pred = predicted(sd, None, *settings[label][1], nodes="2")["series"]["current"][0]
         speed = statistics.median(values) / base_thr if values and base_thr else None
-        rank = (advice.index(ADVICE_KEY[label]) + 1) if ADVICE_KEY.get(label) in advice else None
+        p_speed = pred["throughput"] / base_pred
+        a_speed = advice.get(label) if label != "baseline" else 1.0
         lines.append(f"{label:>17} {statistics.median(values) if values else 0:10.1f} "
-                     f"{speed if speed else 0:9.3f} {pred['throughput'] / base_pred:9.3f} "
-                     f"{rank or '-':>11}")
+                     f"{speed if speed else 0:9.3f} {p_speed:8.3f} "
+                     f"{f'{a_speed:.3f}' if a_speed else '(none)':>7}")
         out["rows"].append({"knob": label, "samples_per_s": values, "measured_speedup": speed,
-                            "predicted_speedup": pred["throughput"] / base_pred,
-                            "advice_rank": rank})
-    if advice:
-        lines.append(f"\nthe report's advice for the 2-node point, best first: {', '.join(advice)}")
+                            "predicted_speedup": p_speed, "advice_speedup": a_speed})
+    done_rows = [r for r in out["rows"] if r["measured_speedup"] and r["knob"] != "baseline"]
+    if done_rows:
+        best = max(done_rows, key=lambda r: r["measured_speedup"])
+        lines.append(f"\nhelps most, measured: {best['knob']} ({best['measured_speedup']:.3f}x)")
+    if names:
+        lines.append(f"the report's advice for the 2-node point, best first: {', '.join(names)}"
+                     + (f"; its first measured as {first}" if first else ""))
     (args.dir / f"knobs-{args.rate}-{args.size}.json").write_text(json.dumps(out, indent=1))
     print("\n".join(lines))
     budget.report(len(measured["baseline"]), args.repeats, "rounds")

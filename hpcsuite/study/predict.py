@@ -10,8 +10,9 @@ N = nodes x gpus_per_node GPUs, each computing the same per-GPU batch:
 * **gradients become ready** uniformly by bytes over that backward pass (reverse layer order;
   whole tensors when their count is known). G bytes in float32, G/2 with fp16 compression.
 * **Horovod's background thread** wakes every ``cycle_ms`` (ticks from the step's start); when
-  it is free and some ready bytes are unsent, it fuses them, up to the fusion threshold (one
-  tensor with fusion off), into one allreduce and is busy until that ends. One at a time.
+  it is free and some ready bytes are unsent, it sends all of them in that cycle: fused into
+  allreduces of at most the fusion threshold (one tensor each with fusion off), one after
+  another, and is busy until the last ends.
 * **an allreduce** of S bytes (:func:`allreduce_s`): one flat ring over all N GPUs, or
   hierarchical (two levels). The step ends when both the computation and the last allreduce
   have: step = max(k x step_s, last allreduce's end).
@@ -216,11 +217,25 @@ def allreduces(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabri
             share = (math.floor(sent / total * tensors + 1e-9) + 1) / tensors if tensors \
                 else sent / total + 1e-9
             t = tick(max(free, start + backward * min(1.0, share)))
-        size = min(ready(t) - sent, limit)
-        free = t + allreduce_s(size, nodes, gpus_per_node, fabric, knobs.hierarchical)
-        out.append((t, free, size))
-        sent += size
+        # Everything ready at the tick goes in this cycle, in allreduces of at most the
+        # threshold (a tensor each with fusion off), one after another (Horovod's
+        # RunLoopOnce performs every response of the cycle's list before it sleeps).
+        batch, free = ready(t) - sent, t
+        while batch > total * 1e-12:
+            size = min(batch, limit)
+            end = free + allreduce_s(size, nodes, gpus_per_node, fabric, knobs.hierarchical)
+            out.append((free, end, size))
+            free, sent, batch = end, sent + size, batch - size
     return out
+
+
+def cycle_start(ops: list[tuple[float, float, float]]) -> float:
+    """When the cycle of the last allreduce started: the first of the allreduces that ran one
+    after another up to it."""
+    i = len(ops) - 1
+    while i > 0 and ops[i - 1][1] == ops[i][0]:
+        i -= 1
+    return ops[i][0]
 
 
 def step_s(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
@@ -292,7 +307,7 @@ def _back_to_back(workload_of_step, count: int, nodes: int, gpus_per_node: int,
     for _ in range(count):
         workload = workload_of_step()
         ops = allreduces(workload, nodes, gpus_per_node, fabric, knobs, phase)
-        start, end, _ = ops[-1]
+        end, start = ops[-1][1], cycle_start(ops)
         length = max(knobs.accumulation * workload.step_s, end)
         lengths.append(length)
         # The next cycle starts a cycle after the last one's start, or when it ends if longer.
