@@ -149,11 +149,10 @@ def fit(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int) -> Alpha
     much as a 64 MiB bandwidth point (plain least squares would let the largest time decide
     everything), and a size the two terms cannot explain does not pull the fit off at every
     other size: the absolute error, not its square (iteratively reweighted least squares). On
-    a rate-limited link (the local cluster's `--fabric`) a 1 KiB allreduce ran at 12 µs of
-    software latency overlapped with its wire time; squared errors raised B 5 % above what
-    every size from 64 KiB to 64 MiB measured to fit it, the absolute ones fit those sizes
-    within 2 %. Needs n >= 2 (one rank has no ring) and two distinct sizes; refuses times
-    that do not grow with size (no bandwidth to fit)."""
+    the local cluster's `--fabric` link a 1 KiB allreduce overlapped 12 µs of latency with its
+    wire time; squared errors raised B 5 % above what 64 KiB to 64 MiB measured to fit it.
+    Needs n >= 2 (one rank has no ring) and two distinct sizes; refuses times that do not
+    grow with size (no bandwidth to fit)."""
     n = _ring_size(n)
     s = np.asarray(sizes_bytes, dtype=float).ravel()
     t = np.asarray(seconds, dtype=float).ravel()
@@ -189,8 +188,8 @@ def fit(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int) -> Alpha
 
     best = bounded(np.ones_like(t))
     for _ in range(IRLS_ROUNDS if best is not None else 0):
-        # Weights 1/|error| turn the squared errors into absolute ones; the floor keeps a point
-        # the fit passes through from taking all the weight.
+        # Weights 1/|error| turn squared errors into absolute ones (the floor: no one point
+        # the fit passes through takes all the weight).
         step = bounded(1.0 / np.maximum(np.abs(x @ best - y), IRLS_FLOOR))
         if step is None or np.allclose(step, best, rtol=1e-9, atol=0):
             break
