@@ -359,3 +359,19 @@ def test_a_run_that_never_opens_is_recorded_lost_in_one_line(tmp_path, monkeypat
     assert mlflow_store.summary_line(run_dir).startswith("MLflow: lost in attempt 0: Timeout")
     run.session.tracker.thread.join(10)            # the late open does not undo the loss
     assert record(run_dir)["state"] == "lost"
+
+
+def test_points_of_one_key_get_distinct_times_so_a_database_keeps_each(tmp_path, monkeypatch):
+    # The other ranks' utilisation is charted at the end, all at once: two samples at the last
+    # step with the same memory were one point (step, time, value) that a sqlite or server
+    # store keeps once, and `tracking sync` lost it (seen in tests/test_e2e_tracking.py).
+    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    run, run_dir = script_run(tmp_path)
+    tracker = run.session.tracker
+    for _ in range(3):
+        tracker.add(7, 0, {"utilisation/rank1/memory_mib": 331.5, "other": 1.0})
+    train(run)
+    rec = record(run_dir)
+    history = client(rec["uri"]).get_metric_history(rec["run_id"], "utilisation/rank1/memory_mib")
+    stamps = [m.timestamp for m in history]
+    assert len(history) == 3 and len(set(stamps)) == 3, stamps

@@ -68,6 +68,7 @@ class Tracker(Chart):
         super().__init__(run_dir, host)
         self.job = job
         self.queue: list[tuple[str, float, int, int]] = []   # (key, value, ms, step)
+        self.stamped: dict[str, int] = {}                     # each key's last ms
         self.tags: dict[str, str] = {}                        # sent with the next points
         self.lock = threading.Lock()
         self.wake = threading.Event()
@@ -83,8 +84,16 @@ class Tracker(Chart):
             return
         ms = int(time.time() * 1000)
         with self.lock:
-            self.queue.extend((metric_key(k), float(v), ms, int(step))
-                              for k, v in values.items() if v is not None)
+            for name, value in values.items():
+                if value is None:
+                    continue
+                # Each key's points get distinct, rising times: a database store keeps one
+                # point per (key, step, time, value), and the other ranks' utilisation comes
+                # at the end, all at once (two samples at the last step with the same memory
+                # would be one point after `tracking sync` to sqlite or a server).
+                key = metric_key(name)
+                at = self.stamped[key] = max(ms, self.stamped.get(key, -1) + 1)
+                self.queue.append((key, float(value), at, int(step)))
 
     def tag(self, tags: dict[str, str]) -> None:
         with self.lock:
