@@ -17,8 +17,9 @@ knobs: on 2 nodes at RATE, the study's configuration (DIR/RATE-SIZE must exist) 
 changed alone, in rounds (every setting once per round, back to back, each round starting at
 another): fp16 compression, accumulation 2 and 4, fusion off, cycle 0.5 and 5 ms. Printed:
 each knob's measured speed-up (median samples/s over the baseline's), `study predict`'s (the
-study with its measured busbw and the knob's option) and where the study report's advice for
-the 2-node point ranks it. Written to DIR/knobs-RATE-SIZE.json.
+study with its measured busbw and the knob's option) and the study report's advice's for the
+2-node point; the advice's first knob (a bigger batch) is measured as its accumulation twin.
+Written to DIR/knobs-RATE-SIZE.json.
 
 table: for every study under DIR: the measured efficiency at 2 nodes; the report's α-β
 reading (the limit's step plus the fitted allreduce of the gradient, against the measured
@@ -42,6 +43,7 @@ from budget import Budget, run_group
 from fabric_link import cli, fabric_cluster
 
 REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "hpcsuite"]
 SIZES = {"1mb": 4096, "8mb": 32768}          # gradient size -> the MLP's input width
 BATCH = {"1mb": 512, "8mb": 256}             # per-rank batch: compute of the same order as the link
 SAMPLES = {"1mb": 8192, "8mb": 2048}         # 128 and 256 MB of samples per node
@@ -75,13 +77,6 @@ KNOBS = {                       # label -> (job overrides, `study predict` optio
     "cycle 0.5 ms": (["train.horovod.cycle_time_ms=0.5"], ["--cycle-ms", "0.5"]),
     "cycle 5 ms": (["train.horovod.cycle_time_ms=5"], ["--cycle-ms", "5"]),
 }
-# The study report's advice names knobs by job key; the table's labels map onto them.
-ADVICE_KEY = {"fp16 compression": "train.horovod.compression",
-              "accumulation 2": "train.grad_accumulation",
-              "accumulation 4": "train.grad_accumulation",
-              "fusion off": "train.horovod.fusion_threshold_mb",
-              "cycle 0.5 ms": "train.horovod.cycle_time_ms",
-              "cycle 5 ms": "train.horovod.cycle_time_ms"}
 
 
 def write_inputs(where: Path, size: str, name: str, repeats: int, warmup: int, steps: int):
@@ -127,8 +122,6 @@ def studies(args, budget: Budget) -> int:
     print(table_text(args.dir))
     return budget.exit_code()
 
-
-CLI = [sys.executable, "-m", "hpcsuite"]
 
 
 def report_of(sd: Path) -> dict:
