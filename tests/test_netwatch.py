@@ -69,15 +69,20 @@ def test_who_is_named():
 
 
 @pytest.fixture(autouse=True)
-def stop_watches():
-    """Each test's watch ends with it (the watch is a daemon thread of the process)."""
+def stop_watches(monkeypatch):
+    """Each test's watch ends with it (the watch is a daemon thread of the process), before
+    monkeypatch puts the real controller_answers back: a watch left running would call it in a
+    later test, whatever that test has made of slurm.call."""
     stop = threading.Event()
     STOPS.append(stop)
     yield
     stop.set()
+    while THREADS:
+        THREADS.pop().join(5)
 
 
 STOPS: list[threading.Event] = []
+THREADS: list[threading.Thread] = []
 
 
 def run_watch(tmp_path, monkeypatch, peer_port, close=None):
@@ -93,8 +98,10 @@ def run_watch(tmp_path, monkeypatch, peer_port, close=None):
     done = threading.Event()
     nw.beat()
     nw.beat()
-    nw.watch(tmp_path, 0, 0, "node1", lambda text: (failed.append(text), done.set()),
-             stop=STOPS[-1])
+    thread = nw.watch(tmp_path, 0, 0, "node1", lambda text: (failed.append(text), done.set()),
+                      stop=STOPS[-1])
+    if thread is not None:
+        THREADS.append(thread)
     if close is not None:       # the peer answered while training ran; now it is gone
         time.sleep(0.2)
         close()

@@ -69,10 +69,21 @@ def refresh(sd: StudyDir, state: dict) -> None:
         else:
             entry["slurm"] = "UNKNOWN"
             finished = True              # the controller forgot it: judge by what it left
-        if point_done(sd, point, entry):
-            entry["status"] = "done"
-        elif finished:
-            entry["status"] = "failed" if entry.get("attempts", 0) >= MAX_ATTEMPTS else "retry"
+        judged = verdict(finished, finished and point_done(sd, point, entry),
+                         entry.get("attempts", 0))
+        if judged is not None:
+            entry["status"] = judged
+
+
+def verdict(finished: bool, results_complete: bool, attempts: int) -> str | None:
+    """A submitted point's new status, None while it stays in flight. Done once its results
+    are complete *and* Slurm has let the job go: a job still ending (epilog, MPI's teardown)
+    holds its nodes, and `study run --wait` returns with none left."""
+    if not finished:
+        return None
+    if results_complete:
+        return "done"
+    return "failed" if attempts >= MAX_ATTEMPTS else "retry"
 
 
 def step(sd: StudyDir, profile_path: str | None, say: Callable[[str], None]) -> Progress:
