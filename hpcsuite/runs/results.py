@@ -16,38 +16,53 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import count
-from .rundir import RunDir
+from .rundir import RunDir, failure_text
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
 from .rundir import PROGRESS, RESULTS  # noqa: F401
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write JSON so readers see the old file or the new one, never half of one."""
+def write_json_atomic(path: Path, data: object, durable: bool = True) -> None:
+    """Write JSON so readers see the old file or the new one, never half of one: the one way
+    hpcsuite writes a JSON file. ``durable=False`` skips the fsync, for a file replaced every
+    few seconds whose last version a crash may lose (progress.json)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def mark_failed(marker: Path, rank: int, code: int, text: str, **tags: str | None) -> bool:
+    """Create an attempt's FAILED marker (:func:`hpcsuite.runs.rundir.failure_text`) unless
+    another rank made it first: False then. In one write, so no reader sees half of it; a
+    marker that cannot be written (True: this rank still reports first) loses only the file."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(failure_text(rank, code, text, **tags))
+    except FileExistsError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 def write_progress(run_dir: Path, progress: dict) -> None:
     """Rank 0's latest step, epoch, throughput and loss while a job runs (``status``,
     ``submit --wait``): replaced whole every few seconds, never fsynced (losing the last one
     in a crash loses nothing that matters)."""
-    path = RunDir(run_dir).progress
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(progress, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_json_atomic(RunDir(run_dir).progress, progress, durable=False)
     except OSError:
-        tmp.unlink(missing_ok=True)   # progress is a convenience: training goes on
+        pass                          # progress is a convenience: training goes on
 
 
 def read_progress(run_dir: str | Path) -> dict | None:

@@ -34,7 +34,6 @@ it through :mod:`hpcsuite.allreduce_sizes`. Only the standard library is importe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 
 # Run as a script (runpy.run_path): absolute imports only.
 from hpcsuite.allreduce_sizes import DEFAULT_BUDGET_S, DEFAULT_SIZES, format_size, parse_sizes
+from hpcsuite.runs.results import write_json_atomic  # noqa: E402
 from hpcsuite.runs.rundir import ALLREDUCE as REPORT, ALLREDUCE_CSV as CSV  # noqa: E402
 from hpcsuite.runtime.collective_timing import time_op  # noqa: E402
 from hpcsuite.runtime.shm import private_shm  # noqa: E402
@@ -223,10 +223,8 @@ def versions() -> dict:
 def write(data: dict, run_dir: Path) -> Path:
     """allreduce.csv, then allreduce.json (atomically): the JSON's presence means both are there."""
     path = run_dir / REPORT
-    tmp = path.with_name(f".{REPORT}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_csv(data, run_dir / CSV)
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
     return path
 
 

@@ -20,7 +20,8 @@ def check(job_path: str) -> list[tuple[str, str]]:
     from ..errors import UserError
     from .data import open_train_eval
     from .job_io import load_job
-    from .train import make_backend, user_traceback
+    from .train import make_backend
+    from .userframes import user_traceback
 
     job = load_job(job_path)
     t = job.train

@@ -20,7 +20,6 @@ training (``attempt end``: exit 2 is never requeued). MPI over whatever the site
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,7 +27,8 @@ from pathlib import Path
 
 from .. import gpuhealth
 from ..runs.attempts import attempt_number
-from ..runs.rundir import ENV, RunDir, failure_text
+from ..runs.results import mark_failed, write_json_atomic
+from ..runs.rundir import ENV, RunDir
 from .job_io import load_job
 
 PAIRWISE_MAX_NODES = 16
@@ -212,21 +212,14 @@ def run(job, min_busbw_gbps: float | None, comm) -> tuple[dict | None, list[str]
 
 def write_record(run_dir: Path, record: dict) -> Path:
     path = RunDir(run_dir).preflight
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, record)
     return path
 
 
 def report_failure(run_dir: Path, lines: list[str]) -> None:
     """The attempt's FAILED marker (what `status` shows) and one line per failed check."""
-    marker = RunDir(run_dir).failed(attempt_number())
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(failure_text(0, 2, "\n".join(f"error: {line}" for line in lines)))
-    except OSError:
-        pass
+    mark_failed(RunDir(run_dir).failed(attempt_number()), 0, 2,
+                "\n".join(f"error: {line}" for line in lines))
     for line in lines:
         print(f"hpcsuite preflight: {line}", file=sys.stderr, flush=True)
 

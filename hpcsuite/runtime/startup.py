@@ -33,8 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from ..runs.results import write_json_atomic
 from ..runs.rundir import RunDir
 from ..world import current
+from .userframes import user_frame
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +137,7 @@ class Watch:
         try:
             path = self.run.startup_word(self.attempt, self.rank)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(word) + "\n")
-            os.replace(tmp, path)
+            write_json_atomic(path, word)
         except OSError as e:
             log.warning("startup watch: cannot write %s: %s", self.run.startup(self.attempt), e)
         deadline = self.clock() + self.grace
@@ -236,34 +236,6 @@ def horovod_initialised() -> bool:
         except Exception:  # noqa: BLE001 - a half-imported module: not initialised
             continue
     return False
-
-
-_PACKAGE = str(Path(__file__).resolve().parent.parent)
-_INSTALLED = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
-_GENERATED = "__autograph_generated_file"     # TensorFlow's rewrite of a tf.function, in /tmp
-
-
-def user_frame(frames: list) -> str | None:
-    """``FILE:LINE in FUNCTION`` of the innermost frame in the user's code (neither hpcsuite
-    nor an installed package or the standard library), or None."""
-    return user_place((f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in frames)
-
-
-def user_place(places) -> str | None:
-    """:func:`user_frame` of ``(file, line, function)`` places, innermost first (a
-    traceback's, reversed)."""
-    for name, lineno, function in places:
-        if name.startswith(_PACKAGE) or name.startswith(_INSTALLED) or name.startswith("<") \
-                or os.path.basename(name).startswith(_GENERATED):
-            continue
-        try:
-            shown = os.path.relpath(name)
-        except ValueError:
-            shown = name
-        if shown.startswith(".."):
-            shown = name
-        return f"{shown}:{lineno}" + (f" in {function}" if function else "")
-    return None
 
 
 # ------------------------------------------------------------------- this process's watch

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..errors import UserError, count
 from ..runs.attempts import attempt_number
-from ..runs.rundir import ENV, RunDir, failure_text
+from ..runs.results import mark_failed
+from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
 from ..world import World, current
 from . import failwatch, netwatch, startup
@@ -26,6 +27,7 @@ from .monitor import end_all
 from .placement import place
 from .shm import private_shm
 from .signals import FLAG, announce_ready
+from .userframes import user_site, user_traceback
 
 log = logging.getLogger(__name__)
 
@@ -196,21 +198,6 @@ def blame_by_frames(job: JobSpec, exc: BaseException) -> str | None:
     return None
 
 
-def user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's first frame on: the first frame in neither hpcsuite nor
-    an installed package or the standard library (those under sys.prefix, and frozen ones
-    such as runpy's), else the first frame outside hpcsuite."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    package = str(Path(__file__).resolve().parent.parent)
-    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
-    outside = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
-    user = [i for i in outside if not frames[i].filename.startswith((*installed, "<"))]
-    start = (user or outside or [0])[0]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[start:]),
-             *traceback.format_exception_only(type(exc), exc)]
-    return "".join(lines).rstrip()
-
-
 def raised_line(exc: BaseException) -> str:
     """The exception's type (with its module, but a builtin's) and message on one line."""
     kind = type(exc)
@@ -221,15 +208,6 @@ def raised_line(exc: BaseException) -> str:
         return said[-1] if said[-1].startswith(f"{kind.__name__}: ") else f"{name}: {said[-1]}"
     message = " ".join(" ".join(said).split())
     return f"{name}: {message[:500]}" if message else name
-
-
-def user_site(exc: BaseException) -> str | None:
-    """``FILE:LINE in FUNCTION`` of the user's innermost frame in the traceback (for a
-    SyntaxError, where the compiler stopped), or None when no frame is the user's."""
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
-        return startup.user_place([(exc.filename, exc.lineno, None)])
-    frames = traceback.extract_tb(exc.__traceback__)
-    return startup.user_place((f.filename, f.lineno, f.name) for f in reversed(frames))
 
 
 def known_hint(exc: BaseException) -> str | None:
@@ -254,18 +232,10 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None,
     hint = known_hint(exc) if exc is not None else None
     if hint:
         text = f"{text}\n{hint}"
-    first = True
     marker = RunDir(run_dir).failed(attempt_number())
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(failure_text(rank, code, text, node=hostname(),
-                                 raised=raised_line(exc) if exc is not None else None,
-                                 at=user_site(exc) if exc is not None else None, hint=hint))
-    except FileExistsError:
-        first = False
-    except OSError:
-        pass
+    first = mark_failed(marker, rank, code, text, node=hostname(),
+                        raised=raised_line(exc) if exc is not None else None,
+                        at=user_site(exc) if exc is not None else None, hint=hint)
     if _RANK_LOG[0] is not None:     # the rank's own log (not its stderr: printed once below)
         _RANK_LOG[0].handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s:\n%s",
                                               (head, text), None))

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from ..runs.results import write_json_atomic
+
 log = logging.getLogger(__name__)
 
 # Tools' answers that are cached per installation; the rest of the record is read each time.
@@ -177,9 +179,7 @@ def _write_cache(path: Path, answers: dict) -> None:
     """Best effort: an unwritable cache only means asking again next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(answers, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_json_atomic(path, answers)
     except OSError as e:
         log.debug("environment cache %s not written: %s", path, e)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError, show
 from ..records import Record, record
+from ..runs.results import write_json_atomic
 from ..submit.plan import ArrayPlan, BatchRequest
 from ..submit.schema import to_dict
 from .spec import Element, Sweep, expand, load_sweep, set_text
@@ -200,13 +201,13 @@ def create(planned: PlannedSweep) -> SweepDir:
             path = staged.element_job(element.index)
             path.parent.mkdir(parents=True)
             path.write_text(job_json(job))
-        staged.elements_file.write_text(json.dumps({
+        write_json_atomic(staged.elements_file, {
             "name": planned.sweep.name, "base": str(planned.base),
             "workdir": str(planned.workdir), "run_root": planned.request.run_root,
             "job_name": planned.request.job.name, "digest": planned.array.digest,
             "axes": planned.sweep.axes, "metric": to_dict(planned.sweep.metric),
             "random": to_dict(planned.sweep.random),
-            "elements": [to_dict(e) for e in planned.elements]}, indent=2, sort_keys=True) + "\n")
+            "elements": [to_dict(e) for e in planned.elements]})
         os.replace(tmp, sd.path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
