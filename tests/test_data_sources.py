@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.runtime.data import Hdf5, Python, Subset, open_train_eval, reopen, split_ids
+from hpcsuite.runtime.data import Hdf5, Python, Subset, open_train_eval, split_ids
 from hpcsuite.runtime.sharding import Cursor, Sharder
 from hpcsuite.submit.spec import spec_from_dict
 
@@ -146,7 +146,7 @@ def test_train_eval_split_every_sample_once_across_ranks(factory_dir):
         "eval": {"split": 0.25}}}, "t").train
     data, held = open_train_eval(train, 9)
     assert isinstance(data, Subset) and (len(data), len(held)) == (77, 26)
-    assert (reopen(held.recipe).ids == held.ids).all()      # what a loader worker reopens
+    assert (held.recipe.reopen().ids == held.ids).all()     # what a loader worker reopens
     seen = []
     for rank in range(3):
         for b in Sharder(len(held), 3, rank, 4, 9).epoch(Cursor()):

@@ -195,7 +195,7 @@ from hpcsuite.submit.spec import spec_from_dict
 job = spec_from_dict({{"name": "w", "train": {{"batch_size": 8, "data": {{"samples": 64}},
                       "eval": {{"split": 0.25}}}}}}, "t")
 data, held = open_train_eval(job.train, 1)
-pool = Workers(data.recipe[:3], 2, 2)
+pool = Workers(data.recipe, 2, 2)
 seen = []
 for epoch in range(3):
     groups = plan_blocks(list(Sharder(len(data), 1, 0, 8, 1, 2).epoch(Cursor(epoch, 0))), 2)

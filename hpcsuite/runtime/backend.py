@@ -16,6 +16,8 @@ from ..errors import UserError
 from ..runs import rundir
 from ..submit.spec import JobSpec, precision_problem
 from . import horovod_mpi, startup
+from .blocks import block_size, plan_blocks
+from .workers import WORKER_BLOCK_BYTES, Workers
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ class HorovodBackend:
         hvd.init()
         startup.mark(startup.BEFORE_STEP)
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self._workers = None                 # train.data.workers > 0: the run's loader workers
 
     # ---------------------------------------------------------------- the model
     def model_target(self, data):
@@ -113,7 +116,19 @@ class HorovodBackend:
         the compiled step)."""
         return None
 
+    # ---------------------------------------------------------------- loader workers
+    def from_workers(self, data, batches):
+        """(group, xs, ys) for each block of ``batches`` (a list, not empty) read by the run's
+        loader workers (:mod:`.workers`: started on first use from the training data's recipe,
+        stopped by :meth:`shutdown`): numpy arrays [k, B, ...] of their own."""
+        if self._workers is None:
+            self._workers = Workers(data.recipe, self.t.data.workers, self.t.data.prefetch)
+        groups = plan_blocks(batches, block_size(data, len(batches[0].ids), WORKER_BLOCK_BYTES))
+        return self._workers.feed(data, groups)
+
     def shutdown(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
         self.hvd.shutdown()
 
 

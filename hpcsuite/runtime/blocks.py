@@ -17,7 +17,7 @@ import numpy as np
 # framework per block instead of per micro-batch. On millisecond steps those per-batch calls
 # cost as much as a tenth of the step. A block stays around a mebibyte, so that large samples
 # are still read one micro-batch at a time.
-BLOCK_BYTES = 1 << 20
+IN_PROCESS_BLOCK_BYTES = 1 << 20
 MAX_BLOCK = 64
 
 
@@ -54,7 +54,7 @@ def micro_batch_bytes(data, batch: int) -> int:
     return 4 * int(np.prod(data.shape, dtype=np.int64)) * batch
 
 
-def block_size(data, batch: int, max_bytes: int = BLOCK_BYTES, most: int = MAX_BLOCK) -> int:
+def block_size(data, batch: int, max_bytes: int = IN_PROCESS_BLOCK_BYTES, most: int = MAX_BLOCK) -> int:
     """Micro-batches per block for micro-batches of ``batch`` samples of ``data``."""
     return int(max(1, min(most, max_bytes // max(1, micro_batch_bytes(data, batch)))))
 
@@ -72,6 +72,23 @@ def plan_blocks(batches: list, per_block: int) -> list[list]:
     return groups
 
 
+class Ones:
+    """Weights of full micro-batches: one array or tensor of ones per shape, made by
+    ``make(shape)`` the first time and handed out ever after. Never written: weights are only
+    multiplied into new tensors. The one cache of them (numpy blocks, PyTorch on the CPU or a
+    device)."""
+
+    def __init__(self, make):
+        self._make = make
+        self._made: dict = {}
+
+    def __call__(self, shape):
+        made = self._made.get(shape)
+        if made is None:
+            made = self._made[shape] = self._make(shape)
+        return made
+
+
 class Buffers:
     """Arrays that blocks are read into, used again once nothing else refers to them.
 
@@ -86,17 +103,9 @@ class Buffers:
     def __init__(self, most: int = 4):
         self.most = most
         self._pool: dict[tuple, list[np.ndarray]] = {}
-        self._ones: dict[tuple, np.ndarray] = {}
+        self.ones = Ones(lambda shape: np.ones(shape, np.float32))   # full micro-batches' weights
         # Where reference counts cannot be read, no array is ever handed out twice.
         self._reuse = hasattr(sys, "getrefcount")
-
-    def ones(self, shape: tuple) -> np.ndarray:
-        """Weights of full micro-batches: one array per shape, never written (the weights are
-        only ever multiplied into new tensors)."""
-        a = self._ones.get(shape)
-        if a is None:
-            a = self._ones[shape] = np.ones(shape, np.float32)
-        return a
 
     def take(self, shape: tuple, dtype) -> np.ndarray:
         arrays = self._pool.setdefault((shape, np.dtype(dtype).str), [])

@@ -360,20 +360,31 @@ def open_data(spec: Data, seed: int, key: str = "train.data", dirs: list[Path] |
     return Synthetic(spec, seed)
 
 
+TRAINING, HELD_OUT = 0, 1      # a Recipe's ``which``
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a loader worker process needs to open a rank's data again: the job's train section,
+    the seed and the search directories, and ``which`` of the two (TRAINING or HELD_OUT)."""
+    train: object
+    seed: int
+    dirs: list[Path] | None
+    which: int = TRAINING
+
+    def reopen(self, which: int | None = None):
+        """The data (``which`` of the two, this recipe's by default), opened in this process."""
+        return _train_eval(self.train, self.seed, self.dirs)[self.which if which is None else which]
+
+
 def open_train_eval(train, seed: int, dirs: list[Path] | None = None):
     """(training data, held-out data or None) for ``train`` (the job's train section); each
-    carries a ``recipe`` with which a loader worker process opens the same data again."""
+    carries a :class:`Recipe` with which a loader worker process opens the same data again."""
     data, held = _train_eval(train, seed, dirs)
-    data.recipe = (train, seed, dirs, 0)
+    data.recipe = Recipe(train, seed, dirs, TRAINING)
     if held is not None:
-        held.recipe = (train, seed, dirs, 1)
+        held.recipe = Recipe(train, seed, dirs, HELD_OUT)
     return data, held
-
-
-def reopen(recipe):
-    """The data a ``recipe`` describes, opened in this process (a loader worker)."""
-    train, seed, dirs, which = recipe
-    return _train_eval(train, seed, dirs)[which]
 
 
 def _train_eval(train, seed: int, dirs: list[Path] | None):

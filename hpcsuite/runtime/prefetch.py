@@ -39,6 +39,7 @@ import threading
 import numpy as np
 
 from ..errors import UserError
+from .blocks import Ones
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class Prefetcher:
         self.cuda = device.startswith("cuda")
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self._rings: dict[tuple, list[_Slot]] = {}
-        self._ones: dict[int, object] = {}
+        self._full = Ones(lambda n: torch.ones(n, device=device))   # full micro-batches' weights
         self.queued = 0                      # micro-batches gathered and not yet handed out
 
     # ---------------------------------------------------------------- slots
@@ -216,13 +217,6 @@ class Prefetcher:
         free.put(slot)
         return batch, (x, y, w), fresh
 
-    def _full(self, n: int):
-        """Weights of a full micro-batch on the device: one tensor per size, never written."""
-        w = self._ones.get(n)
-        if w is None:
-            w = self._ones[n] = self.torch.ones(n, device=self.device)
-        return w
-
 
 class Resident:
     """``data`` copied to the device once; micro-batches gathered there."""
@@ -240,7 +234,7 @@ class Resident:
             end = start + len(ids)
             self.x[start:end].copy_(torch.from_numpy(np.ascontiguousarray(x, np.float32)))
             self.y[start:end].copy_(torch.from_numpy(np.ascontiguousarray(y)))
-        self._ones: dict[int, object] = {}
+        self._full = Ones(lambda n: torch.ones(n, device=device))   # full micro-batches' weights
 
     def _to_device(self, array: np.ndarray):
         t = self.torch.from_numpy(array)
@@ -260,10 +254,7 @@ class Resident:
                 yield from Resident.feed(self, [b])
             return
         rows = self._to_device(np.stack([b.ids for b in batches]))   # [micro-batch, id]
-        full = self._ones.get(size)
-        if full is None:
-            full = self._ones[size] = torch.ones(size, device=self.device)
-        weights = [full] * len(batches)
+        weights = [self._full(size)] * len(batches)
         padded = [i for i, b in enumerate(batches) if b.real < size]
         if padded:
             on_device = self._to_device(np.stack([batches[i].weights for i in padded])).unbind(0)

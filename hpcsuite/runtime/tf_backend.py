@@ -21,7 +21,6 @@ from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
 from . import vote
 from .blocks import MAX_BLOCK, block_size, plan_blocks, read_block
-from .workers import BLOCK_BYTES, Workers
 
 
 def _imports():
@@ -159,7 +158,6 @@ class TensorFlowBackend(HorovodBackend):
         self._eval = tf.function(self._eval_step, reduce_retracing=True)
         self._scales: dict[float, object] = {}
         self._index = [tf.constant(i, tf.int32) for i in range(MAX_BLOCK)]
-        self._workers = None                 # train.data.workers > 0: the run's loader workers
         self._device = None                  # '/gpu:0': blocks prefetched to it; '': host
         self._poll: dict | None = None
         # Trace every variant now (block and batch dimensions left open, so all blocks match):
@@ -204,11 +202,8 @@ class TensorFlowBackend(HorovodBackend):
         else:
             # With workers: the run's loader processes (:mod:`.workers`, started once), fed each
             # epoch's blocks (a tf.data pipeline built every epoch cost ~45 ms an epoch to trace).
-            if self._workers is None:
-                self._workers = Workers(data.recipe[:3], d.workers, d.prefetch)
-            groups = plan_blocks(batches, block_size(data, len(batches[0].ids), BLOCK_BYTES))
             blocks = ((g, (xs, ys, np.stack([b.weights for b in g])))
-                      for g, xs, ys in self._workers.feed(data, groups))
+                      for g, xs, ys in self.from_workers(data, batches))
         if self._device is None:
             self._device = device_prefetch(tf.config.list_physical_devices("GPU"), d.prefetch) or ""
         if self._device:
@@ -331,11 +326,6 @@ class TensorFlowBackend(HorovodBackend):
     def gradient_sizes(self) -> list[int]:
         """Elements of each gradient the allreduce carries (the trainable variables)."""
         return [int(np.prod(v.shape)) for v in self.model.trainable_variables]
-
-    def shutdown(self) -> None:
-        if self._workers is not None:
-            self._workers.close()
-        super().shutdown()
 
     def checksum(self) -> str:
         h = hashlib.sha256()

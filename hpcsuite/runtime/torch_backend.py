@@ -11,8 +11,7 @@ from ..errors import UserError
 from ..usercode import blame
 from ..submit.spec import JobSpec, Optimizer
 from .backend import HorovodBackend
-from .blocks import Buffers, block_size, plan_blocks, read_block, reads_alone
-from .workers import BLOCK_BYTES, Workers
+from .blocks import Buffers, Ones, block_size, plan_blocks, read_block, reads_alone
 
 
 def pick_device(local_rank: int, cuda_available: bool, device_count: int) -> str:
@@ -100,8 +99,10 @@ class TorchBackend(HorovodBackend):
             self._input = Input(torch, self.device, self.t.data.prefetch, self.t.data.on_device,
                                 self.rank)
         self._buffers = Buffers()            # blocks are read into these, used again
-        self._workers = None                 # train.data.workers > 0: the run's loader workers
-        self._ones: dict = {}                # weights of full micro-batches, by size
+        # weights of full micro-batches, by size: where the step runs, and in host memory for
+        # in-process reads (blocks.Ones)
+        self._full = Ones(lambda n: torch.ones(n, device=self.device))
+        self._full_on_cpu = Ones(lambda n: torch.ones(n))
         self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
         self._dry_run(data)
         # What the first training step's forward really computed in (read once, then the hook
@@ -170,12 +171,9 @@ class TorchBackend(HorovodBackend):
         in blocks as in-process reads are, a view of the block per micro-batch."""
         if not batches:
             return
-        torch, d = self.torch, self.t.data
-        if self._workers is None:
-            self._workers = Workers(data.recipe[:3], d.workers, d.prefetch)
+        torch = self.torch
         cuda = self.device.startswith("cuda")
-        groups = plan_blocks(batches, block_size(data, len(batches[0].ids), BLOCK_BYTES))
-        for group, xs, ys in self._workers.feed(data, groups):
+        for group, xs, ys in self.from_workers(data, batches):
             xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
             if cuda:
                 xs, ys = xs.to(self.device), ys.to(self.device)
@@ -187,10 +185,7 @@ class TorchBackend(HorovodBackend):
         size = len(batch.ids)
         if batch.real < size:
             return self.torch.from_numpy(batch.weights).to(self.device)
-        w = self._ones.get(size)
-        if w is None:
-            w = self._ones[size] = self.torch.ones(size, device=self.device)
-        return w
+        return self._full(size)
 
     def _read_in_process(self, data, batches):
         """The micro-batches: mid-sized ones alone (:meth:`_read_alone`), the others in blocks
@@ -230,14 +225,11 @@ class TorchBackend(HorovodBackend):
     def _read_alone(self, data, batches):
         """Mid-sized micro-batches (:func:`.blocks.reads_alone`), each read by itself into a
         new array at the start of its step, as a plain loop reads them."""
-        from_numpy, ones = self.torch.from_numpy, self._ones
+        from_numpy = self.torch.from_numpy
         for batch in batches:
             x, y = data.get(batch.ids)
             size = len(batch.ids)
-            if batch.real < size:
-                w = from_numpy(batch.weights)
-            elif (w := ones.get(size)) is None:
-                w = ones[size] = self.torch.ones(size)   # never written: weights only multiply
+            w = from_numpy(batch.weights) if batch.real < size else self._full_on_cpu(size)
             yield batch, (from_numpy(x), from_numpy(y), w)
 
     # ---------------------------------------------------------------- step
@@ -375,11 +367,6 @@ class TorchBackend(HorovodBackend):
     def precision_seen(self) -> dict:
         return {"compute_dtype": self._seen_dtype, "loss_scaling": self.scaler is not None,
                 "param_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
-
-    def shutdown(self) -> None:
-        if self._workers is not None:
-            self._workers.close()
-        super().shutdown()
 
     def checksum(self) -> str:
         h = hashlib.sha256()

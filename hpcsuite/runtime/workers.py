@@ -8,7 +8,7 @@ worker imports numpy and the data source only.
 
 Block j goes to worker j mod W, into that worker's slot (j div W) mod D of shared memory, D =
 ``train.data.prefetch``; the rank copies the block out of the slot and only then hands the slot
-the block D*W further on. So at most W*D blocks are read ahead (each at most BLOCK_BYTES of
+the block D*W further on. So at most W*D blocks are read ahead (each at most WORKER_BLOCK_BYTES of
 inputs, or one micro-batch where that is bigger: :func:`.blocks.block_size`; the shared memory
 is W*D slots of that size), and the slots are used again
 instead of new shared memory per block, whose page faults cost more than the read itself.
@@ -28,20 +28,21 @@ from __future__ import annotations
 
 import atexit
 import signal
-import traceback
 from collections import deque
 
 import numpy as np
+
+from .userframes import user_traceback
 
 # The signals a rank may be asked to stop with (train.preemption.signal, SIGTERM) and ^C.
 BLOCKED = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 ALIGN = 64
-# Blocks read by workers are bigger than the rank's own (blocks.BLOCK_BYTES): each is a hand-over
+# Blocks read by workers are bigger than the rank's own (blocks.IN_PROCESS_BLOCK_BYTES): each is a hand-over
 # between two processes, and a one-core rank's worker waits for the core at each. 64-step epochs
 # on one core, workers 1 against 0 (bench/epoch_boundary.py, three runs each): 1.22, 0.87 and
 # 1.03 with 4 MiB blocks, 1.22, 1.51 and 1.42 with 1 MiB.
-BLOCK_BYTES = 4 << 20
+WORKER_BLOCK_BYTES = 4 << 20
 
 
 def _ignore_stops_and_die_with_parent() -> None:
@@ -88,14 +89,12 @@ def serve(conn, recipe) -> None:
         try:
             data = sources.get(which)
             if data is None:
-                from .data import reopen
-
-                data = sources[which] = reopen((*recipe, which))
+                data = sources[which] = recipe.reopen(which)
             with blame(getattr(data, "key", "train.data"), getattr(data, "ref", None)):
                 label = read_into(data, ids, slots[slot].buf)     # a user's dataset: its key
             conn.send(("ok", label))
         except BaseException as e:  # noqa: BLE001 - the rank re-raises it
-            conn.send(("error", _portable(e), _from_user_frames(e)))
+            conn.send(("error", _portable(e), user_traceback(e) + "\n"))
     for s in slots:
         s.close()
 
@@ -125,18 +124,6 @@ def read_into(data, ids, buf) -> str:
     return gy.dtype.str
 
 
-def _from_user_frames(e: BaseException) -> str:
-    """The worker's traceback from the first frame outside hpcsuite (the user's dataset)."""
-    import os
-
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frames = traceback.extract_tb(e.__traceback__)
-    start = next((i for i, f in enumerate(frames) if not f.filename.startswith(ours)), 0)
-    return "".join(["Traceback (most recent call last):\n",
-                    *traceback.format_list(frames[start:]),
-                    *traceback.format_exception_only(type(e), e)])
-
-
 def _portable(e: BaseException) -> BaseException:
     import pickle
 
@@ -151,6 +138,8 @@ class Workers:
     """``count`` loader processes for the run, each ``depth`` blocks ahead at most."""
 
     def __init__(self, recipe, count: int, depth: int):
+        """``recipe``: the training data's :class:`.data.Recipe` (a worker opens either of the
+        two with it)."""
         import multiprocessing
         from multiprocessing import resource_tracker
 
@@ -188,7 +177,7 @@ class Workers:
         :func:`.data.open_train_eval` recipe), in order: xs [k, B, *shape] float32, ys
         [k, B, ...], arrays of their own."""
         self._drain()
-        n, depth, which = len(self.conns), self.depth, data.recipe[3]
+        n, depth, which = len(self.conns), self.depth, data.recipe.which
         ids = [np.concatenate([b.ids for b in g]) if len(g) > 1 else g[0].ids for g in groups]
         need = max((slot_bytes(data, len(i)) for i in ids), default=0)
         if need > self.size:
