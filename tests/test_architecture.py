@@ -202,12 +202,12 @@ def test_only_the_runner_asks_runs_jobs_of_slurm():
 
 
 # Slurm's job clients, and the modules besides the runner that may run them: the batch
-# script's `attempt begin/end` (runs/attempts.py: a requeued attempt's owner, on the compute
-# node), the ranks' time-limit watch (runtime/), and the local cluster's teardown (site/
+# script's `attempt begin/end` (runs/attempts.py: earlier attempts' states; runs/ownership.py:
+# whether a checkpoint directory's owner still runs, on the compute node), the ranks' time-limit watch (runtime/), and the local cluster's teardown (site/
 # daemons.py: `cluster down` ends the jobs its own daemons still hold, as their admin).
 JOB_CLIENTS = ("sbatch", "scancel", "squeue", "sacct")
-CLIENTS_ELSEWHERE = {"hpcsuite.runs.attempts", "hpcsuite.runtime.timelimit",
-                     "hpcsuite.site.daemons"}
+CLIENTS_ELSEWHERE = {"hpcsuite.runs.attempts", "hpcsuite.runs.ownership",
+                     "hpcsuite.runtime.timelimit", "hpcsuite.site.daemons"}
 
 
 def test_slurms_job_clients_run_only_in_the_runner():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hpcsuite.runs import attempts
+from hpcsuite.runs import attempts, ownership
 from hpcsuite import slurm
 from hpcsuite.errors import UserError
 from hpcsuite.runs.results import Results, attempt_summaries
@@ -104,16 +104,16 @@ def test_begin_counts_attempts_that_left_no_record_and_stops_at_the_budget(tmp_p
 def test_a_live_job_owning_the_checkpoint_directory_refuses_another(tmp_path, calls, monkeypatch):
     _, states = calls
     root = tmp_path / "ck"
-    attempts.claim(root, "41", tmp_path / "runs" / "41")
+    ownership.claim(root, "41", tmp_path / "runs" / "41")
     states["41"] = "RUNNING"
     with pytest.raises(UserError, match=r"ck: checkpoint directory in use by job 41 \(RUNNING"):
-        attempts.claim(root, "42", tmp_path / "runs" / "42")
-    attempts.claim(root, "41", tmp_path / "runs" / "41")    # its own requeued attempt: fine
+        ownership.claim(root, "42", tmp_path / "runs" / "42")
+    ownership.claim(root, "41", tmp_path / "runs" / "41")    # its own requeued attempt: fine
     states.clear()                                          # job 41 is gone: 42 takes over
-    attempts.claim(root, "42", tmp_path / "runs" / "42")
-    assert attempts.read_owner(root)["job_id"] == "42"
-    attempts.release(root, "42")
-    assert attempts.read_owner(root) is None
+    ownership.claim(root, "42", tmp_path / "runs" / "42")
+    assert ownership.read_owner(root)["job_id"] == "42"
+    ownership.release(root, "42")
+    assert ownership.read_owner(root) is None
 
 
 def test_damaged_attempt_records_name_the_file_and_line(tmp_path):
@@ -149,13 +149,13 @@ def test_submit_refuses_a_finished_checkpoint_and_mixing_with_an_earlier_run(tmp
     finished = spec_from_dict({"name": "a", "train": {"epochs": 1, "checkpoint": {"every_steps": 5}}}, "t")
     with pytest.raises(UserError, match=r"runs/a/checkpoints/step-00000020: already holds a "
                                         r"finished run of a \(step 20, train.epochs 1 reached\)"):
-        attempts.check_before_submit(finished, tmp_path)
+        ownership.check_before_submit(finished, tmp_path)
     more = spec_from_dict({"name": "a", "train": {"epochs": 2, "checkpoint": {"every_steps": 5}}}, "t")
-    attempts.check_before_submit(more, tmp_path)            # more epochs: it resumes
+    ownership.check_before_submit(more, tmp_path)            # more epochs: it resumes
     fresh = spec_from_dict({"name": "a", "train": {"epochs": 2, "checkpoint": {
         "every_steps": 5, "resume": False}}}, "t")
     with pytest.raises(UserError, match="holds checkpoints of an earlier run"):
-        attempts.check_before_submit(fresh, tmp_path)
+        ownership.check_before_submit(fresh, tmp_path)
 
 
 def test_slurm_ending_the_job_after_the_ranks_saved_is_a_preemption_not_a_failure(

@@ -88,7 +88,7 @@ def submit(request: BatchRequest, hold: bool = False, *, jobs: list | None = Non
     (:class:`hpcsuite.sweep.sweepdir.SweepDir`), which keeps the script and the submission;
     ``jobs``: each element's job, each checked like a plain job; ``indices``: the elements it
     runs; ``waits_for``: the jobs its ``--dependency`` (already in its sbatch argv) names."""
-    from ..runs.attempts import check_before_submit
+    from ..runs.ownership import check_before_submit
 
     for job in [request.job] if jobs is None else jobs:
         check_before_submit(job, request.workdir)

@@ -20,7 +20,6 @@ launches the ranks and ``hpcsuite attempt end`` after, and this module keeps the
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import os
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ from pathlib import Path
 from ..errors import UserError
 from ..world import current
 from .attempt_words import slurm_stop_line, unsaved_line
-from .checkpoint_dir import OWNER, newest_checkpoint
-from .rundir import RunDir, RunRoot, failure_exit
+from .checkpoint_dir import newest_checkpoint
+from .ownership import claim, release
+from .rundir import RunDir, failure_exit
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
@@ -40,8 +40,6 @@ SAVED = ("preempted", "time_limit")    # outcomes (and results.json statuses) th
 # Recorded as what it is, never as a save.
 UNSAVED = "stopped"
 FAILURES = ("failed", "lost")          # outcomes that count against max_failures
-LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
-        "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
 
 def checkpoint_root(job, run_dir: Path) -> Path:
@@ -215,8 +213,8 @@ def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, 
 
 def end(run_dir: Path, job, status: int, out=print) -> int:
     """After the launcher returned ``status``: record the outcome, requeue the job when the
-    spec and the budget allow, release the checkpoint directory otherwise. Returns the exit
-    status for the batch script."""
+    spec and the budget allow (:func:`decide`), release the checkpoint directory otherwise.
+    Returns the exit status for the batch script."""
     run_dir = Path(run_dir)
     n = attempt_number()
     status = _job_status(run_dir, n, status)
@@ -224,49 +222,102 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     pre = job.train.preemption
     marker = RunDir(run_dir).preempted
     outcome, step, stop = _outcome(run_dir, n, status, job)
-    # Slurm ended the job itself (a TERM that is not the job's own signal): Slurm requeues it
-    # or not (a cancel must stay cancelled); hpcsuite only records the attempt.
-    slurm_ended = stop is not None and stop != pre.signal
-    records = read_records(run_dir)
-    failures = counts(records).failed + (outcome == "failed")
-    requeue, why, extra = False, None, {}
-    if outcome in ("completed", UNSAVED):
-        requeue, why, extra = _without_a_save(run_dir, n, job, outcome, step, stop, slurm_ended,
-                                              out)
-    if outcome in SAVED:
-        what = "stopped before the time limit" if outcome == "time_limit" else "preempted"
-        if slurm_ended:
-            out(slurm_stop_line(n, what, stop, step, marker.is_file()))
-        elif pre.requeue:
-            requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {step}"
-        else:
-            out(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step {step}; not "
-                "requeued (train.preemption.requeue is off): submit the same spec again to resume")
-    elif outcome == "failed":
-        if slurm_ended:     # a cancel that came before any save must stay cancelled
-            out(f"hpcsuite: attempt {n} ended on SIG{stop} from Slurm before saving; not requeued by hpcsuite: Slurm decides")
-        elif status == 2:
-            out(f"hpcsuite: attempt {n} failed (exit 2: the error hpcsuite reported above); "
-                "not requeued, it would fail the same way")
-        elif failures <= pre.max_failures:
-            requeue, why = True, (f"attempt {n} failed (exit {status}); failure {failures} of at "
-                                  f"most {pre.max_failures} (train.preemption.max_failures)")
-        elif pre.max_failures:
-            out(f"hpcsuite: attempt {n} failed (exit {status}); not requeued: {failures} failed "
-                f"attempts, more than train.preemption.max_failures ({pre.max_failures})")
-    entry = {"attempt": n, "outcome": outcome, "exit": status, "step": step,
-             "host": current().node, "requeued": requeue,
-             **({"signal": stop} if stop and (outcome in SAVED or outcome == UNSAVED) else {}),
-             **extra}
-    _append(run_dir, entry)
-    if requeue:
+    saved_at = None
+    if outcome == UNSAVED and job.train.checkpoint.enabled:
+        newest = newest_checkpoint(checkpoint_root(job, run_dir))
+        saved_at = newest[1].get("step") if newest else None
+    decision = decide(Ending(
+        attempt=n, status=status, outcome=outcome, step=step, stop=stop,
+        signal=stop or stop_signal(run_dir, n), saved_at=saved_at, marker_seen=marker.is_file(),
+        failures=counts(read_records(run_dir)).failed + (outcome == "failed"),
+        own_signal=pre.signal, requeue_on=pre.requeue, max_failures=pre.max_failures,
+        script=bool(job.train.script)))
+    for line in decision.said:
+        out(line)
+    _append(run_dir, {"attempt": n, "outcome": outcome, "exit": status, "step": step,
+                      "host": current().node, "requeued": decision.requeue, **decision.extra})
+    if decision.requeue:
         marker.unlink(missing_ok=True)
-        out(f"hpcsuite: {why}; requeueing job {job_id}")
+        out(f"hpcsuite: {decision.why}; requeueing job {job_id}")
         if _requeue(job_id, out):
             return status
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What is known once attempt ``attempt`` has ended: everything :func:`decide` reads."""
+    attempt: int
+    status: int             # the launcher's exit status (a failed rank's, where its marker says)
+    outcome: str            # completed, preempted, time_limit, UNSAVED or failed (_outcome)
+    step: int | None        # the step rank 0 stopped (and saved, but for UNSAVED) at
+    stop: str | None        # the stop signal the batch shell got, when the launcher failed
+    signal: str | None      # the stop signal the attempt got at all (its STOP-REQUESTED file)
+    saved_at: int | None    # UNSAVED: the newest checkpoint's step, where the next one resumes
+    marker_seen: bool       # rank 0's PREEMPTED marker is there
+    failures: int           # failed attempts of the job, this one included
+    own_signal: str         # train.preemption.signal
+    requeue_on: bool        # train.preemption.requeue
+    max_failures: int       # train.preemption.max_failures
+    script: bool            # a user's script (train.script), not the managed loop
+
+
+@dataclass(frozen=True)
+class Decision:
+    requeue: bool           # hpcsuite requeues the job (scontrol requeue)
+    why: str | None         # said with "requeueing job N" when it does
+    said: tuple             # the lines for the job's log, in order
+    extra: dict             # what the attempt's record adds to outcome, exit and step
+
+
+def decide(e: Ending) -> Decision:
+    """Whether hpcsuite requeues the job after attempt ``e.attempt``, and what it says and
+    records; no side effects. Slurm ending the job itself (a TERM that is not the job's own
+    signal: Slurm requeues it or not, and a cancel must stay cancelled) is never requeued by
+    hpcsuite; a save always is when train.preemption.requeue is on; a failure within
+    max_failures is, but exit 2 (the spec's or the input's: it would fail again) never."""
+    n, said, requeue, why, extra = e.attempt, [], False, None, {}
+    slurm_ended = e.stop is not None and e.stop != e.own_signal
+    if e.stop and e.outcome in (*SAVED, UNSAVED):
+        extra["signal"] = e.stop
+    if e.outcome == "completed" and e.signal:
+        said.append(f"hpcsuite: attempt {n} got SIG{e.signal} and ran on to its end without "
+                    "stopping" + (" (the script does not call run.should_stop() of "
+                                  "hpcsuite.api, so it cannot stop on it)" if e.script else ""))
+        extra["signal"] = e.signal
+    elif e.outcome == UNSAVED:
+        said.append(unsaved_line(n, e.signal, e.step, e.saved_at, e.script))
+        extra.update(checkpoint_step=e.saved_at, **({"signal": e.signal} if e.signal else {}))
+        if e.requeue_on and e.saved_at is not None and not slurm_ended:
+            requeue, why = True, (f"attempt {n} stopped at step {e.step}; it resumes from the "
+                                  f"checkpoint at step {e.saved_at}")
+    elif e.outcome in SAVED:
+        what = "stopped before the time limit" if e.outcome == "time_limit" else "preempted"
+        if slurm_ended:
+            said.append(slurm_stop_line(n, what, e.stop, e.step, e.marker_seen))
+        elif e.requeue_on:
+            requeue, why = True, f"attempt {n} {what} after saving a checkpoint at step {e.step}"
+        else:
+            said.append(f"hpcsuite: attempt {n} {what} after saving a checkpoint at step "
+                        f"{e.step}; not requeued (train.preemption.requeue is off): submit the "
+                        "same spec again to resume")
+    elif e.outcome == "failed":
+        if slurm_ended:     # a cancel that came before any save must stay cancelled
+            said.append(f"hpcsuite: attempt {n} ended on SIG{e.stop} from Slurm before saving; "
+                        "not requeued by hpcsuite: Slurm decides")
+        elif e.status == 2:
+            said.append(f"hpcsuite: attempt {n} failed (exit 2: the error hpcsuite reported "
+                        "above); not requeued, it would fail the same way")
+        elif e.failures <= e.max_failures:
+            requeue, why = True, (f"attempt {n} failed (exit {e.status}); failure {e.failures} "
+                                  f"of at most {e.max_failures} (train.preemption.max_failures)")
+        elif e.max_failures:
+            said.append(f"hpcsuite: attempt {n} failed (exit {e.status}); not requeued: "
+                        f"{e.failures} failed attempts, more than train.preemption.max_failures "
+                        f"({e.max_failures})")
+    return Decision(requeue, why, tuple(said), extra)
 
 
 def _requeue(job_id: str, out) -> bool:
@@ -283,31 +334,6 @@ def _requeue(job_id: str, out) -> bool:
     else:
         out(f"hpcsuite: scontrol requeue {job_id} failed: {said}")
     return False
-
-
-def _without_a_save(run_dir: Path, n: int, job, outcome: str, step: int | None,
-                    stop: str | None, slurm_ended: bool, out) -> tuple[bool, str | None, dict]:
-    """Attempt ``n`` got a stop signal and saved nothing on it: it stopped without a
-    checkpoint at its step (UNSAVED), or ran on to its end (``completed``: a script that never
-    asks run.should_stop(), or a signal in the last step). Said, never silent; (requeue, why,
-    what the record adds)."""
-    signal = stop or stop_signal(run_dir, n)
-    if outcome == "completed":
-        if not signal:
-            return False, None, {}
-        out(f"hpcsuite: attempt {n} got SIG{signal} and ran on to its end without stopping"
-            + (" (the script does not call run.should_stop() of hpcsuite.api, so it cannot "
-               "stop on it)" if job.train.script else ""))
-        return False, None, {"signal": signal}
-    newest = newest_checkpoint(checkpoint_root(job, run_dir)) \
-        if job.train.checkpoint.enabled else None
-    saved_at = newest[1].get("step") if newest else None
-    out(unsaved_line(n, signal, step, saved_at, bool(job.train.script)))
-    extra = {"checkpoint_step": saved_at, **({"signal": signal} if signal else {})}
-    if job.train.preemption.requeue and saved_at is not None and not slurm_ended:
-        return True, (f"attempt {n} stopped at step {step}; it resumes from the checkpoint at "
-                      f"step {saved_at}"), extra
-    return False, None, extra
 
 
 STOP_WAIT_S = 8.0    # for rank 0's marker after the launcher died (within Slurm's KillWait)
@@ -341,109 +367,3 @@ def _wait_for(path: Path, seconds: float) -> bool:
     while not path.is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
     return path.is_file()
-
-
-# ------------------------------------------------------------------- checkpoint ownership
-def _live_state(job_id: str) -> str | None:
-    """The state of ``job_id`` when Slurm still runs or queues it, else None."""
-    from .. import slurm
-
-    if not job_id.isdigit():
-        return None
-    done = slurm.call(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False, timeout=30,
-                      env=dict(os.environ))
-    state = done.stdout.strip().split()
-    return state[0] if done.returncode == 0 and state and state[0] in LIVE else None
-
-
-def read_owner(root: Path) -> dict | None:
-    path = Path(root) / OWNER
-    try:
-        owner = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}       # damaged: nobody we can check, so nobody
-    return owner if isinstance(owner, dict) else {}
-
-
-def _refusal(root: Path, owner: dict, state: str) -> UserError:
-    return UserError(f"{root}: checkpoint directory in use by job {owner.get('job_id')} "
-                     f"({state}, run directory {owner.get('run_dir')}); two jobs writing one "
-                     "directory would overwrite each other's checkpoints. Wait for it, cancel it, "
-                     "or set train.checkpoint.dir to another directory")
-
-
-def check_owner(root: Path, job_id: str | None = None) -> None:
-    """Refuse when another job that is still alive owns ``root``."""
-    owner = read_owner(root)
-    if owner and str(owner.get("job_id")) != str(job_id or ""):
-        state = _live_state(str(owner.get("job_id", "")))
-        if state:
-            raise _refusal(root, owner, state)
-
-
-def claim(root: Path, job_id: str, run_dir: Path) -> None:
-    """Make ``job_id`` the owner of ``root`` unless a live job owns it (under a lock, so of
-    two jobs starting at once exactly one gets it)."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / ".owner.lock", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        check_owner(root, job_id)
-        tmp = root / f".{OWNER}.{os.getpid()}"
-        tmp.write_text(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
-                                   "host": current().node,
-                                   "since": dt.datetime.now().isoformat(timespec="seconds")}) + "\n")
-        os.replace(tmp, root / OWNER)
-    finally:
-        os.close(fd)
-
-
-def release(root: Path, job_id: str) -> None:
-    owner = read_owner(root)
-    if owner is not None and str(owner.get("job_id")) == str(job_id):
-        (Path(root) / OWNER).unlink(missing_ok=True)
-
-
-# ------------------------------------------------------------------- before submitting
-def check_before_submit(job, workdir: str | Path) -> None:
-    """Refuse, before sbatch, what would go wrong in the job: a checkpoint directory another
-    live job owns, or one whose newest checkpoint already finished this run (resubmitting it
-    would train 0 steps), or an earlier run's checkpoints under resume: false."""
-    ck = job.train.checkpoint
-    if not ck.enabled:
-        return
-    root = Path(ck.dir) if ck.dir else RunRoot.of(job.output_dir, job.name).checkpoints
-    root = (Path(workdir) / root).absolute() if not root.is_absolute() else root
-    check_owner(root)
-    newest = newest_checkpoint(root)
-    if newest is None:
-        return
-    path, manifest = newest
-    shown = _shown(root, workdir)
-    if not ck.resume:
-        raise UserError(f"{shown}: holds checkpoints of an earlier run (newest: {path.name}), "
-                        "and train.checkpoint.resume is false: this run's checkpoints would mix "
-                        "with them. Set train.checkpoint.dir to another directory, or remove "
-                        f"{shown} to start over there")
-    t = job.train
-    step, epoch = manifest.get("step"), manifest.get("epoch")
-    finished = (isinstance(epoch, int) and epoch >= (t.epochs or 1) and t.max_steps is None) or \
-        (isinstance(epoch, int) and t.epochs is not None and epoch >= t.epochs) or \
-        (t.max_steps is not None and isinstance(step, int) and step >= t.max_steps)
-    if finished:
-        upto = f"train.max_steps {t.max_steps}" if t.max_steps is not None and step >= t.max_steps \
-            else f"train.epochs {t.epochs or 1}"
-        raise UserError(
-            f"{shown}/{path.name}: already holds a finished run of {job.name} (step {step}, "
-            f"{upto} reached); submitting it again would train 0 steps. To train on from it, "
-            f"raise {upto.split()[0]}; for a fresh run, set train.checkpoint.dir to another "
-            f"directory or remove {shown}")
-
-
-def _shown(path: Path, workdir) -> str:
-    try:
-        return str(path.relative_to(Path(workdir).absolute()))
-    except ValueError:
-        return str(path)
