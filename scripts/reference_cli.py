@@ -1,11 +1,11 @@
 """The command reference page (docs/reference/cli.md), from walking the Click group: every
-command's usage, help and options. Part of scripts/gen_reference.py, which writes the pages."""
+command's usage, help and options. scripts/gen_reference.py writes it with the others."""
 
 from __future__ import annotations
 
 import inspect
 
-from gen_reference import BANNER, code, md, table
+from reference_md import BANNER, code, md, table
 
 
 def help_markdown(text: str) -> str:
@@ -27,8 +27,8 @@ def param_type(param) -> str:
         text = "count"
     elif isinstance(kind, click.Choice):
         text = "one of " + ", ".join(f"`{c}`" for c in kind.choices)
-    elif isinstance(kind, click.types._NumberRangeBase):
-        text = f"{kind.name.split()[0]} ({md(kind._describe_range())})"
+    elif isinstance(kind, (click.IntRange, click.FloatRange)):
+        text = f"{kind.name.split()[0]} ({md(range_text(kind))})"
     elif getattr(param, "is_flag", False) and not getattr(param, "secondary_opts", None):
         text = "flag"
     else:
@@ -36,6 +36,15 @@ def param_type(param) -> str:
     if getattr(param, "multiple", False):
         text += ", repeatable"
     return text
+
+
+def range_text(kind) -> str:
+    """A Click range as its help shows it (``0<=x<=1``, ``x>=1``), from its public bounds."""
+    if kind.min is None:
+        return f"x{'<' if kind.max_open else '<='}{kind.max}"
+    if kind.max is None:
+        return f"x{'>' if kind.min_open else '>='}{kind.min}"
+    return f"{kind.min}{'<' if kind.min_open else '<='}x{'<' if kind.max_open else '<='}{kind.max}"
 
 
 def param_default(param, ctx) -> str:

@@ -24,6 +24,9 @@ from conftest import REPO
 
 @functools.cache
 def generator():
+    # scripts/ is on the path when the generator runs as a script; its two helpers live there
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location("gen_reference", REPO / "scripts" / "gen_reference.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module     # its dataclasses look their module up
