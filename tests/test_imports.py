@@ -122,3 +122,44 @@ def test_every_lazy_command_is_registered_by_its_module():
         assert command.callback.__module__ == f"hpcsuite.cli.{module}"
     listed = main.list_commands(ctx)
     assert listed == sorted(main.commands) and set(LAZY_COMMANDS) <= set(listed)
+
+
+# What render and submit --dry-run may import beyond click, jinja2 and yaml (the floor
+# bench/render_latency.py measures them against): their own modules and these few of the
+# standard library. A module new here (urllib.request's http.client, ssl and email cost
+# 70 ms on the 2-core machine) fails this test: import it where it is used, or add it here
+# with the latency it costs measured (docs/BENCHMARKS.md).
+LOGIN_STDLIB = {"_locale", "copy", "dataclasses", "locale", "shlex", "textwrap"}
+LOGIN_THIRD_PARTY = {"click._textwrap", "jinja2.sandbox"}
+LOGIN_HPCSUITE = {"hpcsuite", "hpcsuite.cli", "hpcsuite.cli.commands", "hpcsuite.errors",
+                  "hpcsuite.fabrics", "hpcsuite.records", "hpcsuite.shell", "hpcsuite.templates",
+                  "hpcsuite.usercode", "hpcsuite.runner", "hpcsuite.runs", "hpcsuite.runs.rundir",
+                  "hpcsuite.runs.mlflow_store", "hpcsuite.submit"}
+LOGIN_ROOMS = ("hpcsuite.runner.", "hpcsuite.submit.")
+ALL_MODULES = """
+import json, sys
+floor = set(sys.modules)
+from hpcsuite.cli import main
+try:
+    main(args=sys.argv[1:], prog_name="hpcsuite")
+except SystemExit:
+    pass
+print("\\nMODULES=" + json.dumps(sorted(set(sys.modules) - floor)))
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ["render", str(SBATCH / "quickstart.yaml"), "--profile", str(SBATCH / "profile.yaml")],
+    ["submit", str(SBATCH / "quickstart.yaml"), "--dry-run"]], ids=lambda a: " ".join(a[:2]))
+def test_login_commands_import_only_the_allowed_modules(args):
+    floor = subprocess.run([sys.executable, "-c", "import json, sys, click, jinja2, yaml; "
+                            "print(json.dumps(sorted(sys.modules)))"],
+                           capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", ALL_MODULES, *args], capture_output=True,
+                         text=True, timeout=60)
+    line = [l for l in out.stdout.splitlines() if l.startswith("MODULES=")]
+    assert line, out.stderr
+    extra = set(json.loads(line[-1][8:])) - set(json.loads(floor.stdout))
+    outside = sorted(m for m in extra if m not in LOGIN_STDLIB | LOGIN_THIRD_PARTY | LOGIN_HPCSUITE
+                     and not m.startswith(LOGIN_ROOMS))
+    assert not outside, f"`hpcsuite {' '.join(args[:2])}` imports {outside}: not on the login path"

@@ -22,7 +22,6 @@ import json
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 from .rundir import RunDir
 
@@ -70,6 +69,8 @@ def is_file_uri(uri: str) -> bool:
 
 def file_path(uri: str) -> Path:
     """The directory a file: URI names."""
+    from urllib.request import url2pathname   # http.client, ssl, email: not on the login path
+
     return Path(url2pathname(urlsplit(uri).path))
 
 
