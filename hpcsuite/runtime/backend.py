@@ -26,8 +26,8 @@ class HorovodBackend:
     name = "?"
 
     def __init__(self, job: JobSpec, hvd):
-        self.job, self.t, self.hvd = job, job.train, hvd
-        problem = precision_problem(self.name, self.t.precision)
+        self.job, self.train, self.hvd = job, job.train, hvd
+        problem = precision_problem(self.name, self.train.precision)
         if problem:
             raise UserError(f"train.precision: {problem}")
         # the MPI library this Horovod links is the profile's mpi.flavour (runtime/horovod_mpi.py)
@@ -44,7 +44,7 @@ class HorovodBackend:
         return data.classes if data.classes is not None else tuple(data.target_shape)
 
     def check_loss_fits(self, data) -> None:
-        loss = self.t.loss
+        loss = self.train.loss
         if loss == "cross_entropy" and data.classes is None:
             raise UserError(f"train.loss: cross_entropy needs integer class labels; the data has "
                             f"float targets of shape {tuple(data.target_shape)} (use mse or your "
@@ -58,23 +58,23 @@ class HorovodBackend:
         train.model_args."""
         from .. import models, usercode
 
-        ref = usercode.parse(self.t.model)
+        ref = usercode.parse(self.train.model)
         target = self.model_target(data)
         if ref is None:
             if data.classes is None:
                 width = int(np.prod(target)) if target else 1
-                return models.build(self.t.model, self.name, tuple(data.shape), width)
-            return models.build(self.t.model, self.name, tuple(data.shape), data.classes)
-        with usercode.blame("train.model", self.t.model):
-            builder = usercode.load(ref, usercode.search_dirs(self.t.pythonpath))
-            return builder(tuple(data.shape), target, **self.t.model_args)
+                return models.build(self.train.model, self.name, tuple(data.shape), width)
+            return models.build(self.train.model, self.name, tuple(data.shape), data.classes)
+        with usercode.blame("train.model", self.train.model):
+            builder = usercode.load(ref, usercode.search_dirs(self.train.pythonpath))
+            return builder(tuple(data.shape), target, **self.train.model_args)
 
     def user_loss(self):
         from .. import usercode
 
-        ref = usercode.parse(self.t.loss)
-        with usercode.blame("train.loss", self.t.loss):
-            return usercode.load(ref, usercode.search_dirs(self.t.pythonpath)) if ref else None
+        ref = usercode.parse(self.train.loss)
+        with usercode.blame("train.loss", self.train.loss):
+            return usercode.load(ref, usercode.search_dirs(self.train.pythonpath)) if ref else None
 
     def check_output(self, out_shape, batch: int, data) -> None:
         """One line when the model's output does not fit the data."""
@@ -88,13 +88,13 @@ class HorovodBackend:
         fits = out_shape == want or (data.classes is None and not data.target_shape
                                      and out_shape in ((batch,), (batch, 1)))
         if not fits:
-            raise UserError(f"train.model: {self.t.model} gives outputs of shape {list(out_shape)} "
+            raise UserError(f"train.model: {self.train.model} gives outputs of shape {list(out_shape)} "
                             f"for a batch of {batch} inputs of shape {list(data.shape)}; the data "
                             f"needs {list(want)} ({what})")
 
     def check_per_sample(self, loss_shape, batch: int) -> None:
         if tuple(int(d) for d in loss_shape) != (batch,):
-            raise UserError(f"train.loss: {self.t.loss} must return one loss per sample (shape "
+            raise UserError(f"train.loss: {self.train.loss} must return one loss per sample (shape "
                             f"[{batch}]) so padded samples can be left out; it returned shape "
                             f"{[int(d) for d in loss_shape]}")
 
@@ -122,7 +122,7 @@ class HorovodBackend:
         loader workers (:mod:`.workers`: started on first use from the training data's recipe,
         stopped by :meth:`shutdown`): numpy arrays [k, B, ...] of their own."""
         if self._workers is None:
-            self._workers = Workers(data.recipe, self.t.data.workers, self.t.data.prefetch)
+            self._workers = Workers(data.recipe, self.train.data.workers, self.train.data.prefetch)
         groups = plan_blocks(batches, block_size(data, len(batches[0].ids), WORKER_BLOCK_BYTES))
         return self._workers.feed(data, groups)
 

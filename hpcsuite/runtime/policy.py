@@ -26,7 +26,7 @@ class Policy:
     """When to vote, save, validate, log and stop. Pure decisions; the session and its mode act."""
 
     def __init__(self, job: JobSpec, start_step: int, now: float):
-        self.t = job.train
+        self.train = job.train
         self.start_step = start_step
         self.last_save = now
         self.last_log = float("-inf")   # the first step is logged: training has begun
@@ -57,11 +57,11 @@ class Policy:
         self.next_poll = posted + self.poll_every
 
     def time_to_save(self, now: float) -> bool:
-        minutes = self.t.checkpoint.every_minutes
+        minutes = self.train.checkpoint.every_minutes
         return bool(minutes) and now - self.last_save >= minutes * 60
 
     def save_due(self, step: int, agreed: bool) -> bool:
-        ck = self.t.checkpoint
+        ck = self.train.checkpoint
         return ck.enabled and (agreed or bool(ck.every_steps and step % ck.every_steps == 0))
 
     def saved(self, now: float) -> None:
@@ -74,10 +74,10 @@ class Policy:
         return False
 
     def done(self, step: int) -> bool:
-        return bool(self.t.max_steps and step >= self.t.max_steps)
+        return bool(self.train.max_steps and step >= self.train.max_steps)
 
     def eval_due(self, epochs_done: int) -> bool:
-        ev = self.t.eval
+        ev = self.train.eval
         return ev is not None and ev.enabled and epochs_done % ev.every_epochs == 0
 
 

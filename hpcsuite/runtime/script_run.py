@@ -66,8 +66,8 @@ class Run:
         self.hvd = ranks.hvd
         self.rank, self.size = ranks.rank, ranks.size
         self.job, self.run_dir = find_job(self.hvd, job, run_dir, spec)
-        self.t = self.job.train
-        self.args = list(self.t.args)
+        self.train = self.job.train
+        self.args = list(self.train.args)
         self.session = Session(self.job, self.run_dir, ranks)
         self.vote_seconds = VOTE_SECONDS     # the ranks vote on stopping about this often
         self._calls = 0
@@ -121,9 +121,9 @@ class Run:
 
     def _same_script(self, loaded) -> None:
         wrote = loaded.manifest.get("script")
-        if wrote != self.t.script:
+        if wrote != self.train.script:
             raise UserError(f"{loaded.path}: written by train.script {wrote!r}, this "
-                            f"job runs {self.t.script!r}; use another checkpoint.dir")
+                            f"job runs {self.train.script!r}; use another checkpoint.dir")
 
     # ---------------------------------------------------------------- data
     def batches(self, n: int, batch_size: int | None = None, epochs: int | None = None,
@@ -136,9 +136,9 @@ class Run:
         self._n = n
         s = self.session
         p, m = s.progress, s.metrics
-        sharder = Sharder(n, self.size, self.rank, batch_size or self.t.batch_size, self.t.seed,
-                          accumulation or self.t.grad_accumulation)
-        epochs = epochs or self.t.epoch_limit(sharder.steps_per_epoch())
+        sharder = Sharder(n, self.size, self.rank, batch_size or self.train.batch_size, self.train.seed,
+                          accumulation or self.train.grad_accumulation)
+        epochs = epochs or self.train.epoch_limit(sharder.steps_per_epoch())
         own = 0
         while p.cursor.epoch < epochs:
             for batch in sharder.epoch(p.cursor):
@@ -171,7 +171,7 @@ class Run:
         self._last = now
         for key, value in metrics.items():
             s.metrics.series.setdefault(key, []).append(float(value))
-        mon = self.t.monitor
+        mon = self.train.monitor
         if mon.timeline_steps and hasattr(self.hvd, "start_timeline"):
             if self._timeline is None:
                 from .timeline import Window
@@ -306,7 +306,7 @@ class Run:
 
         def arrays():
             tensors = {g: {k: np.asarray(v) for k, v in a.items()} for g, a in state.items()}
-            return tensors, {"script": self.t.script, "seed": self.t.seed, "extra": extra or {}}
+            return tensors, {"script": self.train.script, "seed": self.train.seed, "extra": extra or {}}
 
         return s.save(reason, arrays)
 
@@ -342,8 +342,8 @@ class Run:
                 s.chart_training(self.step, **last)
         s.close_chart()
         results = s.results(
-            gathered, status, mode="script", model=self.t.script, dataset_samples=self._n or 0,
-            epochs=self.t.epochs or 1, loss=list(metrics.get("loss", [])),
+            gathered, status, mode="script", model=self.train.script, dataset_samples=self._n or 0,
+            epochs=self.train.epochs or 1, loss=list(metrics.get("loss", [])),
             metrics={**metrics, **extra}, versions=_versions(),
             rank_balance=self.balance.record(gathered),
             utilisation=[g["utilisation"] for g in gathered] if self.sampler is not None else [])
@@ -371,7 +371,7 @@ def _sampler(run: Run):
     """train.monitor's sampler of this rank (its step read from ``run``), or None. CPU and
     memory only: hpcsuite does not know the script's device, nor how long it waits for data,
     which the starved-GPU rule (runs/gpu_use.py) would need beside the GPU's figures."""
-    mon = run.t.monitor
+    mon = run.train.monitor
     if not mon.enabled:
         return None
     from .monitor import Sampler

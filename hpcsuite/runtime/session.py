@@ -88,10 +88,10 @@ class Session:
     """One rank's part of a training run (see the module's doc)."""
 
     def __init__(self, job: JobSpec, run_dir: Path, ranks: Collectives, flag: StopFlag = FLAG):
-        self.job, self.t, self.ranks, self.flag = job, job.train, ranks, flag
+        self.job, self.train, self.ranks, self.flag = job, job.train, ranks, flag
         self.run_dir = Path(run_dir)
         self.rank, self.size = int(ranks.rank), int(ranks.size)
-        self.store = CheckpointStore(checkpoint_root(job, self.run_dir), self.t.checkpoint.keep)
+        self.store = CheckpointStore(checkpoint_root(job, self.run_dir), self.train.checkpoint.keep)
         self.progress = Progress()
         self.metrics = Metrics()
         self.policy = Policy(job, 0, time.monotonic())
@@ -105,11 +105,11 @@ class Session:
         self.time_limit = None                 # rank 0 stops before Slurm's time limit
         self.world_change: dict | None = None  # rank 0: resumed on another number of ranks
         board = Chart(self.run_dir, hostname()) \
-            if self.rank == 0 and self.t.monitor.tensorboard else None
+            if self.rank == 0 and self.train.monitor.tensorboard else None
         self.tracker = Tracker(job, self.run_dir, hostname()) \
-            if self.rank == 0 and self.t.tracking is not None else None
+            if self.rank == 0 and self.train.tracking is not None else None
         self.chart = Charts.of(board, self.tracker)
-        if self.rank == 0 and self.t.preemption.watches_time_limit(self.t.checkpoint.enabled):
+        if self.rank == 0 and self.train.preemption.watches_time_limit(self.train.checkpoint.enabled):
             from .timelimit import TimeLimit
 
             self.time_limit = TimeLimit.from_slurm()
@@ -138,9 +138,9 @@ class Session:
         self.progress = Progress(step, Cursor.from_json(info["cursor"]), step, info["path"])
         self.policy = Policy(self.job, step, time.monotonic())
         if loaded is not None:      # rank 0 says what a change of world size means
-            self.world_change = world_change_of(loaded.manifest, self.t.batch_size,
-                                                self.t.grad_accumulation, self.size, step,
-                                                self.t.max_steps)
+            self.world_change = world_change_of(loaded.manifest, self.train.batch_size,
+                                                self.train.grad_accumulation, self.size, step,
+                                                self.train.max_steps)
             if self.world_change:
                 log.warning("%s", describe_world_change(self.world_change))
         return loaded
@@ -148,7 +148,7 @@ class Session:
     def _pick(self, accept: Callable[[Loaded], None]) -> tuple[dict | None, Loaded | None]:
         """Rank 0's pick, on every rank: its step, cursor and path, or its error."""
         info, loaded = None, None
-        if self.rank == 0 and self.t.checkpoint.resume:
+        if self.rank == 0 and self.train.checkpoint.resume:
             try:
                 loaded = self.store.latest()
                 if loaded is not None:
@@ -218,7 +218,7 @@ class Session:
         """time_limit or preempted, by rank 0's clock."""
         from .timelimit import stop_reason
 
-        return stop_reason(self.time_limit, self.t.preemption.signal_lead(self.t.checkpoint.enabled))
+        return stop_reason(self.time_limit, self.train.preemption.signal_lead(self.train.checkpoint.enabled))
 
     # ---------------------------------------------------------------- save
     def save(self, reason: str, state: Callable[[], tuple[dict, dict]]) -> str | None:
@@ -231,8 +231,8 @@ class Session:
             return None
         tensors, fields = state()
         manifest = {"step": p.step, "epoch": p.cursor.epoch, "cursor": p.cursor.to_json(),
-                    "world_size": self.size, "batch_size": self.t.batch_size,
-                    "grad_accumulation": self.t.grad_accumulation,
+                    "world_size": self.size, "batch_size": self.train.batch_size,
+                    "grad_accumulation": self.train.grad_accumulation,
                     "spec_digest": self.job.digest(), "job_id": job_id(),
                     "reason": reason, **fields}
         saved = self.store.save(p.step, tensors, manifest)
@@ -280,7 +280,7 @@ class Session:
         self.progress_at = time.monotonic()
         times, real = m.step_times[-50:], m.real[-50:]
         rate = sum(real[-len(times):]) / sum(times) if times and real and sum(times) > 0 else None
-        write_progress(self.run_dir, {"step": step, "epoch": epoch, "max_steps": self.t.max_steps,
+        write_progress(self.run_dir, {"step": step, "epoch": epoch, "max_steps": self.train.max_steps,
                                       "samples_per_s": rate, **fields, "attempt": attempt_number(),
                                       "time": time.time()})
 
@@ -327,15 +327,15 @@ class Session:
         elapsed = max(g["elapsed"] for g in gathered)
         total = sum(g["samples"] for g in gathered)
         return Results(
-            job=self.job.name, status=status, backend=self.t.backend,
+            job=self.job.name, status=status, backend=self.train.backend,
             stop=stop_record(self.stop_reason, gathered, p.step, self.time_limit,
                              self.last_checkpoint_step()) if status in (*SAVED, UNSAVED) else {},
             world_size=self.size, hosts=[g["host"] for g in gathered],
             steps=p.step - p.start_step, start_step=p.start_step, final_step=p.step,
             cursor=p.cursor.to_json(), resumed_from=p.resumed_from,
             world_change=self.world_change or {},
-            batch_size_per_rank=self.t.batch_size, grad_accumulation=self.t.grad_accumulation,
-            precision=self.t.precision, samples=total, elapsed_s=elapsed,
+            batch_size_per_rank=self.train.batch_size, grad_accumulation=self.train.grad_accumulation,
+            precision=self.train.precision, samples=total, elapsed_s=elapsed,
             samples_per_s=total / elapsed if elapsed else 0.0,
             samples_per_s_steady=steady_throughput(m.step_times, m.real[:len(m.step_times)]),
             samples_per_s_per_rank=[g["samples"] / elapsed if elapsed else 0.0 for g in gathered],

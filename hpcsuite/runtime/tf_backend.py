@@ -119,41 +119,41 @@ class TensorFlowBackend(HorovodBackend):
             tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.threading.set_intra_op_parallelism_threads(job.resources.cpus_per_task)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        self.keras.utils.set_random_seed(self.t.seed)
+        self.keras.utils.set_random_seed(self.train.seed)
 
     def build(self, data) -> None:
         tf, keras, hvd = self.tf, self.keras, self.hvd
         self.check_loss_fits(data)
         self.classify = data.classes is not None
-        if self.t.precision in ("mixed_float16", "amp"):
+        if self.train.precision in ("mixed_float16", "amp"):
             keras.mixed_precision.set_global_policy("mixed_float16")
         self.model = self.make_model(data)
         if not isinstance(self.model, keras.Model):
-            raise UserError(f"train.model: {self.t.model} returned {type(self.model).__name__}, "
+            raise UserError(f"train.model: {self.train.model} returned {type(self.model).__name__}, "
                             "not a keras.Model (the job's backend is tensorflow)")
         self.user_loss_fn = self.user_loss()
         x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
-        with blame("train.model", self.t.model):
+        with blame("train.model", self.train.model):
             out = self.model(x, training=False)         # builds the model's variables too
         self._seen_dtype = self._compute_dtype(x)
         self.check_output(out.shape, len(x), data)
-        with blame("train.loss", self.t.loss):
+        with blame("train.loss", self.train.loss):
             loss = self.per_sample_loss(y, tf.cast(out, tf.float32))
         self.check_per_sample(loss.shape, len(x))
-        optimizer = make_optimizer(keras, self.t.optimizer, self.t.lr)
+        optimizer = make_optimizer(keras, self.train.optimizer, self.train.lr)
         self.mixed = keras.mixed_precision.global_policy().name == "mixed_float16"
         self.inner_optimizer = optimizer
         if self.mixed:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         self.optimizer = optimizer
         self.optimizer.build(self.model.trainable_variables)
-        h = self.t.horovod
+        h = self.train.horovod
         self.compression = hvd.Compression.fp16 if h.compression == "fp16" else hvd.Compression.none
         self.op = hvd.Adasum if h.op == "adasum" else hvd.Average
         train_vars = self.model.trainable_variables
         # Local gradient sums for accumulation over micro-batches (k > 1).
         self.accum = [tf.Variable(tf.zeros_like(v.value), trainable=False) for v in train_vars] \
-            if self.t.grad_accumulation > 1 else []
+            if self.train.grad_accumulation > 1 else []
         micro = tf.function(self._micro_step, reduce_retracing=True)
         self._eval = tf.function(self._eval_step, reduce_retracing=True)
         self._scales: dict[float, object] = {}
@@ -171,13 +171,13 @@ class TensorFlowBackend(HorovodBackend):
         self._poll_step = graph_caller(micro.get_concrete_function(
             *specs, True, tf.TensorSpec([vote.length(self.size)], tf.int32)))
         self._accumulate_step = graph_caller(micro.get_concrete_function(*specs, False)) \
-            if self.t.grad_accumulation > 1 else None
+            if self.train.grad_accumulation > 1 else None
 
     def per_sample_loss(self, y, out):
         tf, keras = self.tf, self.keras
         if self.user_loss_fn is not None:
             return self.user_loss_fn(out, y)
-        if self.t.loss == "mse":
+        if self.train.loss == "mse":
             n = tf.shape(out)[0]
             diff = tf.reshape(out, [n, -1]) - tf.reshape(tf.cast(y, out.dtype), [n, -1])
             return tf.reduce_mean(tf.square(diff), axis=1)
@@ -194,7 +194,7 @@ class TensorFlowBackend(HorovodBackend):
         tf = self.tf
         if not batches:
             return
-        d, index, constant = self.t.data, self._index, tf.constant
+        d, index, constant = self.train.data, self._index, tf.constant
         if d.workers == 0:
             # In-process loading: a tf.data pipeline around numpy would only add per-batch cost.
             groups = plan_blocks(batches, block_size(data, len(batches[0].ids)))
@@ -220,7 +220,7 @@ class TensorFlowBackend(HorovodBackend):
         tf, hvd = self.tf, self.hvd
         x, y, w = xs[i], ys[i], ws[i]            # the micro-batch i of its block
         model_vars = self.model.trainable_variables
-        accumulate = self.t.grad_accumulation > 1
+        accumulate = self.train.grad_accumulation > 1
         with tf.GradientTape() as tape:
             logits = self.tf.cast(self.model(x, training=True), self.tf.float32)
             per_sample = self.per_sample_loss(y, logits) * w
@@ -235,7 +235,7 @@ class TensorFlowBackend(HorovodBackend):
                 target = loss + tf.add_n([tf.reduce_sum(tf.stop_gradient(a) * tf.cast(v.value, a.dtype))
                                           for a, v in zip(self.accum, model_vars)])
         if last:
-            if self.t.horovod.allreduce:
+            if self.train.horovod.allreduce:
                 dtape = hvd.DistributedGradientTape(tape, compression=self.compression, op=self.op)
                 grads = dtape.gradient(target, tf_vars(model_vars))
             else:                            # the no-communication limit: no gradient allreduce

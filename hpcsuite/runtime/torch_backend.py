@@ -73,7 +73,7 @@ class TorchBackend(HorovodBackend):
         h = job.train.horovod
         self.timed_wait = h.allreduce and h.op != "adasum"
         torch.set_num_threads(job.resources.cpus_per_task)
-        torch.manual_seed(self.t.seed)
+        torch.manual_seed(self.train.seed)
 
     def build(self, data) -> None:
         torch, hvd = self.torch, self.hvd
@@ -81,10 +81,10 @@ class TorchBackend(HorovodBackend):
         self.classify = data.classes is not None
         self.model = self.make_model(data)
         if not isinstance(self.model, torch.nn.Module):
-            raise UserError(f"train.model: {self.t.model} returned {type(self.model).__name__}, "
+            raise UserError(f"train.model: {self.train.model} returned {type(self.model).__name__}, "
                             "not a torch.nn.Module (the job's backend is torch)")
         self.model = self.model.to(self.device)
-        enabled, kind, dtype, scaler = autocast_settings(self.t.precision, self.device)
+        enabled, kind, dtype, scaler = autocast_settings(self.train.precision, self.device)
         self.autocast = dict(device_type=kind, enabled=enabled,
                              dtype=getattr(torch, dtype) if dtype else None)
         # Entering a disabled autocast context still costs every step: micro_step skips it.
@@ -96,21 +96,21 @@ class TorchBackend(HorovodBackend):
         if self.device.startswith("cuda"):
             from .prefetch import Input
 
-            self._input = Input(torch, self.device, self.t.data.prefetch, self.t.data.on_device,
+            self._input = Input(torch, self.device, self.train.data.prefetch, self.train.data.on_device,
                                 self.rank)
         self._buffers = Buffers()            # blocks are read into these, used again
         # weights of full micro-batches, by size: where the step runs, and in host memory for
         # in-process reads (blocks.Ones)
         self._full = Ones(lambda n: torch.ones(n, device=self.device))
         self._full_on_cpu = Ones(lambda n: torch.ones(n))
-        self.plain_loss = self.user_loss_fn is None and self.t.loss == "cross_entropy"
+        self.plain_loss = self.user_loss_fn is None and self.train.loss == "cross_entropy"
         self._dry_run(data)
         # What the first training step's forward really computed in (read once, then the hook
         # is gone): the evidence in results.json that train.precision took effect.
         self._seen_dtype = None
         self._seen_hook = self.model.register_forward_hook(self._see_dtype)
-        opt = make_optimizer(torch, self.t.optimizer, self.model.parameters(), self.t.lr)
-        h = self.t.horovod
+        opt = make_optimizer(torch, self.train.optimizer, self.model.parameters(), self.train.lr)
+        h = self.train.horovod
         if not h.allreduce:                  # the no-communication limit: no gradient allreduce
             self.optimizer = opt
             return
@@ -118,7 +118,7 @@ class TorchBackend(HorovodBackend):
             opt, named_parameters=self.model.named_parameters(),
             compression=hvd.Compression.fp16 if h.compression == "fp16" else hvd.Compression.none,
             op=hvd.Adasum if h.op == "adasum" else hvd.Average,
-            backward_passes_per_step=self.t.grad_accumulation)
+            backward_passes_per_step=self.train.grad_accumulation)
 
     def _dry_run(self, data) -> None:
         """Two samples through the model and the loss: a model or loss that does not fit the
@@ -127,10 +127,10 @@ class TorchBackend(HorovodBackend):
         x, y = data.get(np.array([0, min(1, len(data) - 1)], dtype=np.int64))
         x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         with torch.no_grad(), torch.autocast(**self.autocast):
-            with blame("train.model", self.t.model):
+            with blame("train.model", self.train.model):
                 out = self.model(x)
             self.check_output(out.shape, len(x), data)
-            with blame("train.loss", self.t.loss):
+            with blame("train.loss", self.train.loss):
                 loss = self.per_sample_loss(out.float(), y)
             self.check_per_sample(loss.shape, len(x))
 
@@ -138,7 +138,7 @@ class TorchBackend(HorovodBackend):
         torch = self.torch
         if self.user_loss_fn is not None:
             return self.user_loss_fn(out, y)
-        if self.t.loss == "mse":
+        if self.train.loss == "mse":
             return ((out.reshape(len(out), -1) - y.reshape(len(y), -1)) ** 2).mean(dim=1)
         return torch.nn.functional.cross_entropy(out, y, reduction="none")
 
@@ -151,7 +151,7 @@ class TorchBackend(HorovodBackend):
         """(batch, (x, y, w)) for each micro-batch. On a GPU (:mod:`.prefetch`): gathered on the
         GPU from resident data, or with workers 0 gathered ahead by a thread and copied ahead
         on a side stream. With workers, read by the run's loader processes (:mod:`.workers`)."""
-        d = self.t.data
+        d = self.train.data
         if self._input is not None:
             resident = self._input.resident(data)
             if resident is not None:
