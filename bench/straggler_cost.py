@@ -9,7 +9,7 @@ weighs most. Three measurements:
    (the order swapped every round, round 0 warm-up) between
      on   the product as it is: micro_step's timed TorchBackend.synchronize, then the step
           in optimizer.skip_synchronize(); each vote's Balance.at_vote and rank 0's
-          Balance.read (its Watch, started as Trainer.run starts it)
+          Balance.read (its SlowRank, started as Trainer.run starts it)
      off  the same objects with, on the instances only, TorchBackend.synchronize a no-op and
           optimizer.skip_synchronize a contextlib.nullcontext (so optimizer.step()
           synchronises inside, as before the feature), Balance.at_vote returning (None, None)
@@ -23,7 +23,7 @@ weighs most. Three measurements:
    to a no-op so that only the code around it differs (the allreduce's wait is the same on
    both sides); per call, the median of the repeats' means, and the difference as a share of
    the managed loop's median step.
-3. The per-vote work: Balance.at_vote on one rank, and rank 0's Watch.add over a full window
+3. The per-vote work: Balance.at_vote on one rank, and rank 0's SlowRank.add over a full window
    at 2 to 1,024 ranks (votes of 40 steps: a 5-vote window, and of 1 step: a 200-vote window,
    steps of 0.25 s or more), as a share of the ~0.25 s between votes (of a step, when a vote
    covers 1 step): rank 0 does it on the training thread.
@@ -57,7 +57,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def setup(a):
-    """Backend, data, trainer (its Watch started), sharder and a policy that ends rounds."""
+    """Backend, data, trainer (its SlowRank started), sharder and a policy that ends rounds."""
     from hpcsuite.submit.knobs import environment
     from hpcsuite.submit.spec import spec_from_dict
 
@@ -169,10 +169,11 @@ def host_work(a, backend) -> dict:
 
 
 def vote_work(a) -> dict:
-    """Measurement 3: seconds per Balance.at_vote (one rank) and per Watch.add at N ranks
+    """Measurement 3: seconds per Balance.at_vote (one rank) and per SlowRank.add at N ranks
     (over a full window; measured where one add takes under a second, else estimated as the
     window's votes times the rule's per-vote work, ``behind``, measured at N ranks)."""
-    from hpcsuite.runs.stragglers import WINDOW_STEPS, Balance, Sample, Watch, behind
+    from hpcsuite.runs.stragglers import WINDOW_STEPS, Sample, SlowRank, behind
+    from hpcsuite.runtime.balance import Balance
 
     class Waits:                       # a backend that timed some wait
         def take_wait(self):
@@ -197,7 +198,7 @@ def vote_work(a) -> dict:
             if per_vote * window > 1.0:
                 out["watch"][(ranks, steps)] = (per_vote * window, "estimated")
                 continue
-            watch = Watch([f"node{r}" for r in range(ranks)])
+            watch = SlowRank([f"node{r}" for r in range(ranks)])
             for _ in range(window + 5):                      # a full window first
                 watch.samples.append(Sample(steps, own, wait))
             n = max(1, min(200, int(0.3 / (per_vote * window))))
@@ -231,7 +232,7 @@ def report(a, times: dict, host: dict, votes: dict) -> None:
           f"{100 * votes['at_vote'] / per_vote / step:.4f} % of a step")
     for (ranks, steps), (sec, how) in votes["watch"].items():
         # a vote of 1 step: steps of vote_s or more, so the vote period is at least vote_s
-        print(f"  rank 0's Watch.add at {ranks:5d} ranks, votes of {steps:2d} steps "
+        print(f"  rank 0's SlowRank.add at {ranks:5d} ranks, votes of {steps:2d} steps "
               f"({-(-WINDOW_STEPS // steps)}-vote window): {1e3 * sec:10.3f} ms ({how}) = "
               f"{100 * sec / vote_s:8.3f} % of the {vote_s} s between votes")
     width = (ratio[2] - ratio[1]) / 2
@@ -249,7 +250,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400, help="steps per round and side")
     ap.add_argument("--repeats", type=int, default=20, help="timeit repeats per path")
     ap.add_argument("--calls", type=int, default=5000, help="calls per timeit repeat")
-    ap.add_argument("--ranks", default="2,16,128,1024", help="rank counts for Watch.add")
+    ap.add_argument("--ranks", default="2,16,128,1024", help="rank counts for SlowRank.add")
     Budget.add_argument(ap, 300, "rounds")
     a = ap.parse_args()
     a.ranks = [int(r) for r in a.ranks.split(",") if r.strip()]

@@ -18,7 +18,7 @@ from hpcsuite.errors import ConfigError
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime import startup
 from hpcsuite.runtime.session import Session
-from hpcsuite.runtime.startup import BEFORE_INIT, BEFORE_STEP, IN_INIT, Watch, describe, rank_list
+from hpcsuite.runtime.startup import BEFORE_INIT, BEFORE_STEP, IN_INIT, StartupWatch, describe, rank_list
 from hpcsuite.submit.spec import spec_from_dict
 
 from test_locks import layers  # noqa: F401 (a fixture)
@@ -78,7 +78,7 @@ class Stalls:
 
 def make(tmp_path, seconds, rank=0, size=1, script=False, grace=0.1):
     stalls = Stalls()
-    return Watch(seconds, tmp_path, rank, size, 0, stalls, script=script, grace=grace), stalls
+    return StartupWatch(seconds, tmp_path, rank, size, 0, stalls, script=script, grace=grace), stalls
 
 
 def test_a_rank_that_trains_no_step_is_reported_with_its_stage_and_frame(tmp_path):
@@ -107,7 +107,7 @@ def test_a_rank_that_steps_ends_its_watch(tmp_path):
 
 def test_restoring_a_checkpoint_does_not_count(tmp_path):
     now = [100.0]
-    watch = Watch(10, tmp_path, 0, 1, 0, Stalls(), clock=lambda: now[0])
+    watch = StartupWatch(10, tmp_path, 0, 1, 0, Stalls(), clock=lambda: now[0])
     now[0] += 4
     with watch.paused():
         now[0] += 50                              # a large checkpoint, read for 50 s

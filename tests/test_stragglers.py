@@ -9,7 +9,8 @@ import pytest
 
 from hpcsuite.runs import stragglers
 from hpcsuite.runtime import vote
-from hpcsuite.runs.stragglers import Balance, Sample, Watch, behind, finding, line
+from hpcsuite.runs.stragglers import Sample, SlowRank, behind, finding, line
+from hpcsuite.runtime.balance import Balance
 
 
 def reduce_max(vectors):
@@ -79,14 +80,14 @@ def test_balanced_noisy_ranks_raise_no_alarm_over_many_windows():
     names a rank."""
     rng = random.Random(7)
     for size in (2, 8, 64):
-        watch = Watch()
+        watch = SlowRank()
         for _ in range(2000):
             own = tuple(max(1e-5, rng.gauss(0.001, 0.0001)) for _ in range(size))
             assert watch.add(rng.randint(20, 40), own, (0.0,) * size) is None
 
 
 def test_the_watch_names_a_rank_once_its_slowness_lasts_and_forgets_it_after():
-    watch = Watch(["a", "b"])
+    watch = SlowRank(["a", "b"])
     for _ in range(20):
         watch.add(25, (0.001, 0.001), (0.0, 0.0))
     assert watch.found is None
@@ -162,12 +163,12 @@ def test_a_rank_slowed_for_a_second_or_two_is_not_named_one_slowed_for_5_s_is():
     the other at 5-8 votes in a row (~2 s), with 70-170 steps a vote. Fed vote by vote."""
     rng = random.Random(11)
     for burst in (5, 8, 12):
-        watch = Watch()
+        watch = SlowRank()
         for i in range(60):
             slow = 20 <= i < 20 + burst
             own = (rng.gauss(0.0010, 0.00005), rng.gauss(0.0014 if slow else 0.0010, 0.00005))
             assert watch.add(rng.randint(70, 170), own, (0.0, 0.0)) is None, (burst, i)
-    watch = Watch()
+    watch = SlowRank()
     for i in range(20):
         watch.add(100, (0.0010, 0.0014), (0.0, 0.0))
     assert watch.found["rank"] == 1

@@ -23,6 +23,7 @@ from ..runs.attempts import attempt_number
 from ..runs.results import energy_record
 from ..runs.rundir import RunDir
 from ..submit.spec import JobSpec
+from .balance import Balance
 from .checkpoint import Loaded
 from .data import open_train_eval
 from .job_io import hostname
@@ -32,7 +33,6 @@ from .schedule import learning_rate
 from .session import Collectives, Progress, Session
 from .sharding import Batch, Cursor, Sharder
 from .signals import FLAG, StopFlag
-from ..runs.stragglers import Balance
 from .tensorboard import own_time_values, utilisation_values
 
 if TYPE_CHECKING:

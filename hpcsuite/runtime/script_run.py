@@ -20,9 +20,9 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UserError
-from ..runs.stragglers import Balance
 from ..submit.spec import JobSpec
 from . import startup
+from .balance import Balance
 from .collectives import HorovodObjects
 from .job_io import hostname, publish
 from .netwatch import beat
@@ -357,7 +357,7 @@ class Run:
 
 class _Waits:
     """The script's time in the allreduce, where the script lets hpcsuite time it: what
-    :class:`~hpcsuite.runs.stragglers.Balance` takes at each vote (None: never timed)."""
+    :class:`~hpcsuite.runtime.balance.Balance` takes at each vote (None: never timed)."""
 
     def __init__(self):
         self.timed, self.seconds = False, 0.0

@@ -48,7 +48,7 @@ GRACE = 5.0          # seconds a rank out of time waits for the other ranks' wor
 TICK = 1.0           # how often the watch looks
 
 
-class Watch:
+class StartupWatch:
     """One rank's startup watch (see the module's doc). ``on_stall(text)`` reports the stall
     and ends the rank (:func:`hpcsuite.runtime.train.fail`); it is not expected to return."""
 
@@ -98,7 +98,7 @@ class Watch:
         except Exception:  # noqa: BLE001 - a session half-built: not yet
             return False
 
-    def start(self) -> "Watch":
+    def start(self) -> "StartupWatch":
         threading.Thread(target=self.watch, name="hpcsuite-startup-watch", daemon=True).start()
         return self
 
@@ -239,10 +239,10 @@ def horovod_initialised() -> bool:
 
 
 # ------------------------------------------------------------------- this process's watch
-WATCH: Watch | None = None
+WATCH: StartupWatch | None = None
 
 
-def begin(watch: Watch) -> None:
+def begin(watch: StartupWatch) -> None:
     global WATCH
     WATCH = watch.start()
 

@@ -94,7 +94,7 @@ def watch_startup(job: JobSpec, run_dir: Path, world: World) -> None:
     train.startup_timeout_seconds (:mod:`.startup`); 0: no watch."""
     seconds = job.train.startup_timeout_seconds
     if seconds:
-        startup.begin(startup.Watch(seconds, run_dir, world.rank, world.size, world.attempt,
+        startup.begin(startup.StartupWatch(seconds, run_dir, world.rank, world.size, world.attempt,
                                     lambda text: fail(run_dir, world.rank, text, code=1),
                                     script=bool(job.train.script)))
 
