@@ -1,8 +1,8 @@
 """What train.tracking (MLflow) costs the training thread, in one process (no MPI, no framework).
 
-A point is what the session's chart call costs rank 0's training thread: Chart.training with 2
+A point is what the session's chart call costs rank 0's training thread: a chart's training() with 2
 values (loss, lr; samples/s computed), for MLflow's Tracker (queued; its own thread sends
-log_batch to a file store every FLUSH_SECONDS, running meanwhile) and for TensorBoard's Chart
+log_batch to a file store every FLUSH_SECONDS, running meanwhile) and for TensorBoard's chart
 (an event written), in rounds alternated in the same process. Points come at most every
 CHART_SECONDS (0.2 s), never per step.
 
@@ -32,7 +32,7 @@ def median_point_us(chart, n: int) -> float:
 
 
 def main() -> None:
-    from hpcsuite.runtime.tensorboard import Chart
+    from hpcsuite.runtime.tensorboard import TensorBoard
     from hpcsuite.runtime.tracking import Tracker
     from hpcsuite.submit.spec import spec_from_dict
 
@@ -52,7 +52,7 @@ def main() -> None:
         t0 = time.perf_counter()
         tracker.finish(None, "completed")
         finish_s = time.perf_counter() - t0
-        board = Chart(run_dir, "bench")
+        board = TensorBoard(run_dir, "bench")
         board_us = median_point_us(board, args.points)
         board.close()
         print(f"round {r}: MLflow point {mlflow_us:.1f} us, TensorBoard point {board_us:.1f} us "

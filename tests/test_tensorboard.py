@@ -12,6 +12,7 @@ from hpcsuite import api
 from hpcsuite.errors import UserError
 from hpcsuite.runs.report import tensorboard_line
 from hpcsuite.runs.rundir import RunDir
+from hpcsuite.runtime import chart as chart_module
 from hpcsuite.runtime import tensorboard as tb
 from hpcsuite.submit.spec import spec_from_dict
 
@@ -62,8 +63,8 @@ def test_a_requeued_run_continues_and_drops_what_a_crash_left_past_the_checkpoin
 
 
 def test_training_points_carry_the_throughput_since_the_last(tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
-    chart = tb.Chart(tmp_path, "node1")
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)
+    chart = tb.TensorBoard(tmp_path, "node1")
     times, real = [0.5, 0.5, 0.25, 0.25], [64, 64, 64, 64]
     chart.training(12, 10, {"loss": 1.0}, times[:2], real[:2])     # steps 11-12: 128 in 1 s
     chart.training(14, 10, {"loss": 0.5}, times, real)             # steps 13-14: 128 in 0.5 s
@@ -74,7 +75,7 @@ def test_training_points_carry_the_throughput_since_the_last(tmp_path, monkeypat
 
 
 def test_training_points_are_rate_limited(tmp_path):
-    chart = tb.Chart(tmp_path, "node1")
+    chart = tb.TensorBoard(tmp_path, "node1")
     assert chart.due()
     chart.training(1, 0, {"loss": 1.0}, [0.01], [8])
     assert not chart.due()            # the next one CHART_SECONDS later, not at every step
@@ -84,7 +85,7 @@ def test_a_directory_that_cannot_be_written_is_said_once_and_training_goes_on(tm
     blocker = tmp_path / "run"
     blocker.mkdir()
     RunDir(blocker).tensorboard.write_text("a file where the directory goes")
-    chart = tb.Chart(blocker, "node1")
+    chart = tb.TensorBoard(blocker, "node1")
     chart.add(1, 0, {"loss": 1.0})
     chart.add(2, 0, {"loss": 1.0})
     chart.close()
@@ -112,7 +113,7 @@ def script_run(tmp_path, tensorboard=True):
 
 
 def test_script_mode_charts_run_log_and_its_last_step_is_the_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)        # every step, to compare them all
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)        # every step, to compare them all
     run, run_dir = script_run(tmp_path)
     for _ in run.batches(10):                            # 3 steps an epoch, 3 epochs
         run.log(loss=1.0 / (run.step + 1), accuracy=run.step / 10)

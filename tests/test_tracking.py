@@ -15,7 +15,7 @@ from hpcsuite import api
 from hpcsuite.errors import UserError
 from hpcsuite.runs import mlflow_store
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import tensorboard as tb
+from hpcsuite.runtime import chart as chart_module
 from hpcsuite.runtime import tracking
 from hpcsuite.submit.spec import spec_from_dict
 
@@ -193,7 +193,7 @@ def train(run, scale=1.0):
 
 
 def test_script_mode_logs_params_tags_metrics_and_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)      # every step, to compare them all
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)      # every step, to compare them all
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     run, run_dir = script_run(tmp_path)
@@ -225,7 +225,7 @@ def test_script_mode_logs_params_tags_metrics_and_results(tmp_path, monkeypatch)
 
 
 def test_a_second_attempt_continues_the_same_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     first, run_dir = script_run(tmp_path)
     train(first)
@@ -334,7 +334,7 @@ def slow_open(monkeypatch, seconds):
 
 def test_an_attempt_shorter_than_mlflows_import_still_has_its_run(tmp_path, monkeypatch):
     # the trial's sweep: 16 steps ended before mlflow was imported, and mlflow.json never came
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)
     monkeypatch.setattr(tracking, "FINISH_SECONDS", 0.2)
     slow_open(monkeypatch, 1.0)
     run, run_dir = script_run(tmp_path)
@@ -365,7 +365,7 @@ def test_points_of_one_key_get_distinct_times_so_a_database_keeps_each(tmp_path,
     # The other ranks' utilisation is charted at the end, all at once: two samples at the last
     # step with the same memory were one point (step, time, value) that a sqlite or server
     # store keeps once, and `tracking sync` lost it (seen in tests/test_e2e_tracking.py).
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)
     run, run_dir = script_run(tmp_path)
     tracker = run.session.tracker
     for _ in range(3):

@@ -40,8 +40,9 @@ from .job_io import hostname, job_id
 from .policy import PROGRESS_SECONDS, VOTE_SECONDS, Policy, steady_throughput
 from .sharding import Cursor
 from .signals import FLAG, StopFlag
-from .tensorboard import Chart
-from .tracking import Charts, Tracker
+from .chart import Charts
+from .tensorboard import TensorBoard
+from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Session:
         self.vote_tick = 0                     # the tick (a step, a call) it was posted at
         self.time_limit = None                 # rank 0 stops before Slurm's time limit
         self.world_change: dict | None = None  # rank 0: resumed on another number of ranks
-        board = Chart(self.run_dir, hostname()) \
+        board = TensorBoard(self.run_dir, hostname()) \
             if self.rank == 0 and self.train.monitor.tensorboard else None
         self.tracker = Tracker(job, self.run_dir, hostname()) \
             if self.rank == 0 and self.train.tracking is not None else None
@@ -246,7 +247,7 @@ class Session:
 
     # ---------------------------------------------------------------- TensorBoard
     def chart_due(self) -> bool:
-        """Rank 0 charts, and a training point is due (see :data:`.tensorboard.CHART_SECONDS`)."""
+        """Rank 0 charts, and a training point is due (see :data:`.chart.CHART_SECONDS`)."""
         return self.chart is not None and self.chart.due()
 
     def chart_training(self, step: int, **values: float | None) -> None:

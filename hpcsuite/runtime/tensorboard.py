@@ -13,7 +13,7 @@ TFRecord framing with its checksums), written to a plain buffered file. Not its
 is installed, seconds and hundreds of MB in a PyTorch rank, and it runs a thread of its own.
 
 What it costs: about 18 us to add a point (a few scalars; most of it the checksum in pure
-Python), so the session adds training points at most every :data:`CHART_SECONDS`, not every
+Python), so the session adds training points at most every :data:`.chart.CHART_SECONDS`, not every
 step; the file is flushed (a ``write``, no ``fsync``) at most every :data:`FLUSH_SECONDS`, at a
 checkpoint, and closed (with an ``fsync``) when the attempt reports, stopped early or not.
 A crash loses at most the last few seconds' points, which the next attempt trains again.
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from ..runs.rundir import RunDir
+from .chart import Paced
 
 log = logging.getLogger(__name__)
 
-CHART_SECONDS = 0.2      # training points at most this often (the ranks vote every ~0.25 s)
 FLUSH_SECONDS = 5.0      # buffered points reach the file at least this often
 
 
@@ -76,36 +76,14 @@ class EventLog:
         self._file.close()
 
 
-class Chart:
-    """Rank 0's charts of a session (None-safe on the other ranks: they never open a file).
-
-    Training points (loss, learning rate, the throughput since the previous point) come at
-    most every :data:`CHART_SECONDS`; other points (validation, utilisation) when they happen.
-    Writing never stops training: a file that cannot be written is said once and given up."""
+class TensorBoard(Paced):
+    """Rank 0's TensorBoard chart of a session (:class:`.chart.Chart`). Writing never stops
+    training: a file that cannot be written is said once and given up."""
 
     def __init__(self, run_dir: Path, host: str):
+        super().__init__()
         self.run_dir, self.host = Path(run_dir), host
         self.events: EventLog | None = None
-        self.broken = False
-        self.at = float("-inf")         # when the last training point was added
-        self.last_step: int | None = None   # its step
-        self.counted = 0                # steps whose time and samples are in a point's rate
-
-    def due(self) -> bool:
-        return not self.broken and time.monotonic() - self.at >= CHART_SECONDS
-
-    def training(self, step: int, start_step: int, values: dict, step_times: list[float],
-                 real: list[int]) -> None:
-        """A training point at ``step``: ``values`` and samples/s over the steps since the last
-        point (``step_times`` and ``real`` hold one entry per step since ``start_step``)."""
-        done = step - start_step
-        times, samples = step_times[self.counted:done], real[self.counted:done]
-        seconds = sum(times)
-        # (no samples: a script that does not take its batches from run.batches())
-        rate = sum(samples) / seconds if samples and seconds > 0 else None
-        self.counted = max(self.counted, done)
-        self.at, self.last_step = time.monotonic(), step
-        self.add(step, start_step, {**values, "throughput/samples_per_s": rate})
 
     def add(self, step: int, start_step: int, values: dict) -> None:
         if self.broken:

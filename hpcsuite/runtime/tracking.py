@@ -1,9 +1,9 @@
 """Experiment tracking with MLflow (``train.tracking.mlflow``), written by rank 0.
 
 The same points as the TensorBoard charts (:mod:`.tensorboard`), at the same call points: the
-session's :class:`Charts` tells each of its charts every point (a training point at most every
+session's :class:`.chart.Charts` tells each of its charts every point (a training point at most every
 ``CHART_SECONDS``, validation, utilisation, the report's last points), and :class:`Tracker` is
-a :class:`~.tensorboard.Chart` whose points go to MLflow. The resolved spec is logged as params
+a :class:`.chart.Chart` whose points go to MLflow. The resolved spec is logged as params
 once per MLflow run; tags name the job, its Slurm job id, array element and attempt and the git
 commit recorded at submit (a dirty tree said); results.json becomes an artifact once rank 0 has
 published it (:meth:`Tracker.finish`), and `hpcsuite report` adds its plots.
@@ -41,7 +41,7 @@ from ..runs.mlflow_store import (GIT_COMMIT, GIT_DIRTY, artifact_location, clien
 from ..runs.rundir import RunDir, RunRoot
 from ..world import current
 from .job_io import job_id
-from .tensorboard import Chart
+from .chart import Paced
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,12 @@ SCRIPT_IGNORES = ("train.model", "train.model_args", "train.loss", "train.data",
                   "train.horovod.allreduce")
 
 
-class Tracker(Chart):
-    """Rank 0's MLflow run, fed like a TensorBoard chart; sent from a thread of its own."""
+class Tracker(Paced):
+    """Rank 0's MLflow run as a chart (:class:`.chart.Chart`); sent from a thread of its own."""
 
     def __init__(self, job, run_dir: Path, host: str):
-        super().__init__(run_dir, host)
-        self.job = job
+        super().__init__()
+        self.job, self.run_dir, self.host = job, Path(run_dir), host
         self.queue: list[tuple[str, float, int, int]] = []   # (key, value, ms, step)
         self.stamped: dict[str, int] = {}                     # each key's last ms
         self.tags: dict[str, str] = {}                        # sent with the next points
@@ -111,10 +111,12 @@ class Tracker(Chart):
         self.tag(tags)
 
     def flush(self) -> None:
-        self.wake.set()
+        self.wake.set()         # the tracking thread sends what is queued now
 
     def close(self) -> None:
-        self.wake.set()
+        """No more points: what is queued is sent now. The run itself ends in :meth:`finish`,
+        once rank 0 has published results.json."""
+        self.flush()
 
     def finish(self, results: Path | None, status: str) -> None:
         """After rank 0 published results.json: the last points, results.json and the run's
@@ -169,44 +171,6 @@ class Tracker(Chart):
                     return
         except BaseException as e:  # noqa: BLE001 - nothing MLflow raises may reach training
             self.give_up(e)
-
-
-class Charts:
-    """Rank 0's charts (TensorBoard's, MLflow's), each told every point: the session's one
-    chart, whatever it writes to."""
-
-    def __init__(self, charts: list[Chart]):
-        self.charts = charts
-
-    @classmethod
-    def of(cls, *charts: Chart | None):
-        """None, the one chart, or both."""
-        kept = [c for c in charts if c is not None]
-        return None if not kept else kept[0] if len(kept) == 1 else cls(kept)
-
-    @property
-    def last_step(self) -> int | None:
-        working = [c.last_step for c in self.charts if not c.broken]
-        return working[0] if working else None
-
-    def due(self) -> bool:
-        return any(c.due() for c in self.charts)
-
-    def training(self, *args) -> None:
-        for c in self.charts:
-            c.training(*args)
-
-    def add(self, *args) -> None:
-        for c in self.charts:
-            c.add(*args)
-
-    def flush(self) -> None:
-        for c in self.charts:
-            c.flush()
-
-    def close(self) -> None:
-        for c in self.charts:
-            c.close()
 
 
 class MlflowRun:
