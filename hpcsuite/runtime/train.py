@@ -99,7 +99,7 @@ def watch_startup(job: JobSpec, run_dir: Path, world: World) -> None:
                                     script=bool(job.train.script)))
 
 
-_RANK_LOG: list = [None]   # this rank's log file handler, once open
+RANK_LOG = "hpcsuite-rank-log"   # the name of this rank's log handler on the root logger
 
 
 def rank_log(run_dir: Path, rank: int, log_format: str) -> None:
@@ -113,8 +113,8 @@ def rank_log(run_dir: Path, rank: int, log_format: str) -> None:
         log.warning("no rank log in %s: %s", RunDir(run_dir).logs, e.strerror)
         return
     handler.setFormatter(logging.Formatter(log_format))
+    handler.set_name(RANK_LOG)      # the root logger holds it: fail() finds it there
     logging.getLogger().addHandler(handler)
-    _RANK_LOG[0] = handler
     log.info("attempt %s on %s", attempt_number(), hostname())
 
 
@@ -236,9 +236,10 @@ def fail(run_dir: Path, rank: int, text: str, code: int, key: str | None = None,
     first = mark_failed(marker, rank, code, text, node=hostname(),
                         raised=raised_line(exc) if exc is not None else None,
                         at=user_site(exc) if exc is not None else None, hint=hint)
-    if _RANK_LOG[0] is not None:     # the rank's own log (not its stderr: printed once below)
-        _RANK_LOG[0].handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s:\n%s",
-                                              (head, text), None))
+    for handler in logging.getLogger().handlers:   # the rank's own log (not its stderr: below)
+        if handler.get_name() == RANK_LOG:
+            handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s:\n%s",
+                                             (head, text), None))
     if first:
         say(f"{head}:\n{text}\n")
     else:
