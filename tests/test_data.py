@@ -133,12 +133,13 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
     blocks: either way each micro-batch is its ids' samples, with its padding's zero weights."""
     import torch
     from hpcsuite.runtime import torch_backend
-    from hpcsuite.runtime.blocks import Buffers
+    from hpcsuite.runtime.blocks import Buffers, Ones
     from hpcsuite.runtime.sharding import Cursor, Sharder
 
     monkeypatch.setattr(torch_backend, "reads_alone", lambda data, batch: alone)
     backend = object.__new__(torch_backend.TorchBackend)      # no Horovod needed to read
-    backend.torch, backend._ones, backend._buffers, backend._read_next = torch, {}, Buffers(), None
+    backend.torch, backend._buffers, backend._read_next = torch, Buffers(), None
+    backend._full_on_cpu = Ones(lambda n: torch.ones(n))
     data = Synthetic(Data(samples=50, shape=[6], classes=4), 2)
     batches = list(Sharder(50, 2, 1, 8, 5).epoch(Cursor(0, 0)))
     assert batches[-1].real < 8                                 # the last one is padded

@@ -60,7 +60,7 @@ def test_the_reference_names_every_key_and_command():
             assert _row_of(key.replace("partitions.", "partitions.NAME."), pages[page]), \
                 f"{page} has no row for {key}"
     gen = generator()
-    paths = [ctx.command_path for ctx, _ in gen._cli().commands(main, click.Context(main, info_name="hpcsuite"))]
+    paths = [ctx.command_path for ctx, _ in gen.reference_cli.commands(main, click.Context(main, info_name="hpcsuite"))]
     assert len(paths) > 30 and "hpcsuite study predict" in paths
     for path in paths:
         assert f"## `{path}`" in pages["cli.md"], path
