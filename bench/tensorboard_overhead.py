@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=1.0, help="each step's own work (default 1 ms)")
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    from hpcsuite.runtime.tensorboard import CHART_SECONDS
+    from hpcsuite.runtime.chart import CHART_SECONDS
 
     hot, cold = per_point(a.points, 0.0), per_point(50, CHART_SECONDS)
     print(f"one point (3 scalars): {hot * 1e6:.1f} us back to back, {cold * 1e6:.1f} us after "

@@ -17,7 +17,7 @@ import pytest
 from hpcsuite.errors import UserError
 from hpcsuite.runs import mlflow_store, mlflow_sync
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import tensorboard as tb
+from hpcsuite.runtime import chart as chart_module
 from hpcsuite.runtime import tracking
 from hpcsuite.submit.site_profile import SiteProfile
 from hpcsuite.submit.spec import spec_from_dict
@@ -38,7 +38,7 @@ def docs_block(lang: str, needle: str) -> str:
 
 
 def test_mlflows_own_client_reads_the_jobs_store_as_the_docs_say(tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)
     run, run_dir = script_run(tmp_path, name="trk")
     train(run)
     run_id = record(run_dir)["run_id"]
@@ -166,7 +166,7 @@ def test_a_run_rank_0_ended_is_left_alone_and_a_run_without_tracking_too(tmp_pat
 
 # ------------------------------------------------------------------- tracking sync
 def test_sync_into_sqlite_copies_everything_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "CHART_SECONDS", 0.0)
+    monkeypatch.setattr(chart_module, "CHART_SECONDS", 0.0)
     run, run_dir = script_run(tmp_path)
     train(run)
     rec = record(run_dir)
