@@ -133,7 +133,7 @@ def main() -> None:
           f"{rate(float(bus_bandwidth(big, medians['mpi'][-1], n)))}")
     for lib, label in (("horovod", "Horovod"), ("mpi", "MPI")):
         try:
-            print(f"fit {label}: {fit(sizes, medians[lib], n).describe()}")
+            print(f"fit {label}: {fit(sizes, medians[lib], n).in_words()}")
         except FitError as e:
             print(f"fit {label}: none ({e})")
     sys.exit(budget.exit_code())

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from budget import Budget
-from hpcsuite.runtime.checkpoint import CheckpointStore
+from hpcsuite.runtime.session.checkpoint import CheckpointStore
 
 
 def raw_write(path: Path, arrays: dict[str, np.ndarray]) -> float:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from budget import Budget  # noqa: E402
 
 
-# A loader worker's process name: torch DataLoader's, hpcsuite's own (hpcsuite.runtime.workers);
+# A loader worker's process name: torch DataLoader's, hpcsuite's own (hpcsuite.runtime.input.workers);
 # any spawned process counts too (multiprocessing's spawn_main).
 LOADERS = ("pt_data_worker", "hpcsuite-loader")
 
@@ -91,10 +91,10 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
 
     import hpcsuite
-    from hpcsuite.runtime.data import open_train_eval
-    from hpcsuite.runtime.loop import Policy, Progress, Trainer
-    from hpcsuite.runtime.sharding import Cursor, Sharder
-    from hpcsuite.runtime.train import make_backend
+    from hpcsuite.runtime.input.data import open_train_eval
+    from hpcsuite.runtime.session.loop import Policy, Progress, Trainer
+    from hpcsuite.runtime.input.sharding import Cursor, Sharder
+    from hpcsuite.runtime.frameworks.managed import make_backend
     from hpcsuite.submit.spec import spec_from_dict
 
     def setting(workers: int):

@@ -5,7 +5,7 @@ Each model runs in a process of its own (one rank: `python bench/gpu_pipeline.py
 mpirun needed), which builds one model and one DistributedOptimizer through hpcsuite's torch
 backend and alternates, in rounds of --steps steps (the order reversed every other round):
   managed-host    Trainer.train_epoch as `hpcsuite train` runs it, train.data.on_device false:
-                  the prefetch thread and the side-stream copy (hpcsuite/runtime/prefetch.py)
+                  the prefetch thread and the side-stream copy (hpcsuite/runtime/input/prefetch.py)
   managed-auto    the same with on_device auto (the default): the data on the GPU when it fits
                   a quarter of the free memory, each step's batch gathered there
   plain-read      each step gathers its batch from the same host arrays (x[ids]), pins it and
@@ -139,11 +139,11 @@ def measure(a, budget: Budget) -> None:
     import numpy as np
     import torch
 
-    from hpcsuite.runtime.data import open_data
-    from hpcsuite.runtime.loop import Policy, Progress, Trainer
-    from hpcsuite.runtime.prefetch import Input
-    from hpcsuite.runtime.sharding import Cursor, Sharder
-    from hpcsuite.runtime.torch_backend import TorchBackend
+    from hpcsuite.runtime.input.data import open_data
+    from hpcsuite.runtime.session.loop import Policy, Progress, Trainer
+    from hpcsuite.runtime.input.prefetch import Input
+    from hpcsuite.runtime.input.sharding import Cursor, Sharder
+    from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
 
     backend = TorchBackend(job)
     device = backend.device

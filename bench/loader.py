@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from budget import Budget
-from hpcsuite.runtime.data import NpyShards, write_shards
-from hpcsuite.runtime.sharding import Cursor, Sharder
+from hpcsuite.runtime.input.data import NpyShards, write_shards
+from hpcsuite.runtime.input.sharding import Cursor, Sharder
 from hpcsuite.submit.spec import Data
 
 

@@ -200,7 +200,7 @@ def check(work: Path, job_id: str, samples: int, epochs: int, preemptions: int) 
     records = attempts.read_records(run_dir)
     c = attempts.counts(records)
     if (c.preempted, c.completed, c.failed) != (preemptions, 1, 0):
-        problems.append(f"attempt records: {c.describe()} ({[r['outcome'] for r in records]})")
+        problems.append(f"attempt records: {c.in_words()} ({[r['outcome'] for r in records]})")
     return problems
 
 

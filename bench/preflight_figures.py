@@ -1,6 +1,6 @@
 """The fabric preflight's pair busbw against `hpcsuite bench allreduce`'s MPI busbw at the same size,
 on the local Slurm cluster: both time MPI's in-place allreduce with the same code
-(hpcsuite/runtime/collective_timing.py), so on 2 nodes of 1 rank they should agree within the
+(hpcsuite/runtime/checks/collective_timing.py), so on 2 nodes of 1 rank they should agree within the
 machine's run-to-run spread; and the preflight step's own time.
 
     .venv/bin/python bench/preflight_figures.py [-r 3] [--size-mb 16] [--private [--port 17317]]

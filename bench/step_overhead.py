@@ -78,10 +78,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from hpcsuite.runtime.data import open_data
-    from hpcsuite.runtime.loop import Policy, Progress, Trainer
-    from hpcsuite.runtime.sharding import Cursor, Sharder
-    from hpcsuite.runtime.torch_backend import TorchBackend
+    from hpcsuite.runtime.input.data import open_data
+    from hpcsuite.runtime.session.loop import Policy, Progress, Trainer
+    from hpcsuite.runtime.input.sharding import Cursor, Sharder
+    from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
     from hpcsuite.submit.spec import spec_from_dict
 
     job = spec_from_dict({
@@ -139,7 +139,7 @@ def main() -> None:
 
     plain = plain_steps(gather)
 
-    from hpcsuite.runtime.blocks import Buffers, read_block
+    from hpcsuite.runtime.input.blocks import Buffers, read_block
 
     buffers, held = Buffers(), []
 

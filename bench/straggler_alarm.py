@@ -242,7 +242,7 @@ def own_ratios(own: tuple) -> list[float]:
     return out
 
 
-def describe(kind: str, i: int, size: str, r: dict) -> str:
+def result_line(kind: str, i: int, size: str, r: dict) -> str:
     """One line for a finished job."""
     if "error" in r:
         return f"{kind} {i + 1} ({size}): FAILED: {r['error']}"
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
                             delay, args.script)
                 r["extra"] = extra
                 (balanced.append((size, r)) if frac is None else slowed.append((size, frac, r)))
-                print(describe(kind, i, size, r) + (f" ({r['note']})" if "note" in r else ""),
+                print(result_line(kind, i, size, r) + (f" ({r['note']})" if "note" in r else ""),
                       flush=True)
         finally:
             if budget.stopped_by:

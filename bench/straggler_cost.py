@@ -71,10 +71,10 @@ def setup(a):
     for name, value in environment(job.train.horovod, {}).items():
         os.environ.setdefault(name, value)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    from hpcsuite.runtime.data import open_data
-    from hpcsuite.runtime.loop import Policy, Trainer
-    from hpcsuite.runtime.sharding import Sharder
-    from hpcsuite.runtime.torch_backend import TorchBackend
+    from hpcsuite.runtime.input.data import open_data
+    from hpcsuite.runtime.session.loop import Policy, Trainer
+    from hpcsuite.runtime.input.sharding import Sharder
+    from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
 
     backend = TorchBackend(job)
     data = open_data(job.train.data, job.train.seed)
@@ -109,8 +109,8 @@ def switch(backend, balance, on: bool) -> None:
 
 def loop_rounds(a, budget: Budget, backend, data, trainer, sharder, policy) -> dict:
     """Measurement 1: {"on": [...], "off": [...]} seconds per step, one entry per round."""
-    from hpcsuite.runtime.loop import Progress
-    from hpcsuite.runtime.sharding import Cursor
+    from hpcsuite.runtime.session.loop import Progress
+    from hpcsuite.runtime.input.sharding import Cursor
 
     progress = Progress()
 
@@ -173,7 +173,7 @@ def vote_work(a) -> dict:
     (over a full window; measured where one add takes under a second, else estimated as the
     window's votes times the rule's per-vote work, ``behind``, measured at N ranks)."""
     from hpcsuite.runs.stragglers import WINDOW_STEPS, Sample, SlowRank, behind
-    from hpcsuite.runtime.balance import Balance
+    from hpcsuite.runtime.session.balance import Balance
 
     class Waits:                       # a backend that timed some wait
         def take_wait(self):
@@ -209,7 +209,7 @@ def vote_work(a) -> dict:
 
 def report(a, times: dict, host: dict, votes: dict) -> None:
     from hpcsuite.runs.stragglers import WINDOW_STEPS
-    from hpcsuite.runtime.policy import VOTE_SECONDS as vote_s
+    from hpcsuite.runtime.session.policy import VOTE_SECONDS as vote_s
 
     on, off = times["on"], times["off"]
     rounds = len(on)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 def per_point(n: int, between: float) -> float:
     """Median seconds to add a point, with ``between`` seconds of other work before each:
     back to back (0) the code is hot in the caches; in a training loop it is not."""
-    from hpcsuite.runtime.tensorboard import EventLog
+    from hpcsuite.runtime.observe.tensorboard import EventLog
 
     events = EventLog(Path(tempfile.mkdtemp(prefix="tb-bench-")), 0, "bench")
     took = []
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=1.0, help="each step's own work (default 1 ms)")
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    from hpcsuite.runtime.chart import CHART_SECONDS
+    from hpcsuite.runtime.observe.chart import CHART_SECONDS
 
     hot, cold = per_point(a.points, 0.0), per_point(50, CHART_SECONDS)
     print(f"one point (3 scalars): {hot * 1e6:.1f} us back to back, {cold * 1e6:.1f} us after "

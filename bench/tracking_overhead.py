@@ -32,8 +32,8 @@ def median_point_us(chart, n: int) -> float:
 
 
 def main() -> None:
-    from hpcsuite.runtime.tensorboard import TensorBoard
-    from hpcsuite.runtime.tracking import Tracker
+    from hpcsuite.runtime.observe.tensorboard import TensorBoard
+    from hpcsuite.runtime.observe.tracking import Tracker
     from hpcsuite.submit.spec import spec_from_dict
 
     ap = argparse.ArgumentParser()
@@ -45,7 +45,7 @@ def main() -> None:
     for r in range(args.rounds):
         run_dir = root / str(r)
         run_dir.mkdir(parents=True)
-        tracker = Tracker(job, run_dir, "bench")
+        tracker = Tracker(job, run_dir, "bench").start()
         while not (run_dir / "mlflow.json").exists() and not tracker.broken:
             time.sleep(0.1)          # the run is open: its thread sends while we add
         mlflow_us = median_point_us(tracker, args.points)

@@ -163,7 +163,7 @@ def host_pieces(a) -> dict:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
         import keras
-        from hpcsuite.runtime.tf_backend import graph_caller
+        from hpcsuite.runtime.frameworks.tf_backend import graph_caller
 
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)

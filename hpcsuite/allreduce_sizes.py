@@ -1,7 +1,7 @@
 """What both sides of the allreduce benchmark agree on: the message sizes (the ``--sizes``
 syntax, the default sweep, the largest size) and the default time budget.
 
-The rank program (:mod:`hpcsuite.runtime.allreduce_bench`) reads its ``--sizes`` and
+The rank program (:mod:`hpcsuite.runtime.checks.allreduce_bench`) reads its ``--sizes`` and
 ``--budget`` with these; the login side (`hpcsuite bench allreduce`, a study's benchmark
 points through :mod:`hpcsuite.study.allreduce_job`) checks and prints sizes with the same ones
 before the job is submitted. Standard library only: the login-node command imports it.

@@ -15,7 +15,7 @@ predicts the communication time of a step from its gradient bytes::
     seconds = model.predict(gradient_bytes, n=8, tensors=gradient_tensors)
 
 numpy only: no framework is imported here. A core leaf: the rank program fits it in its
-report (:mod:`hpcsuite.runtime.allreduce_bench`), the login side reads and re-fits it
+report (:mod:`hpcsuite.runtime.checks.allreduce_bench`), the login side reads and re-fits it
 (`hpcsuite bench allreduce`, a study's report).
 """
 
@@ -106,7 +106,7 @@ class AlphaBeta:
         t = tensors * steps * self.alpha_s + link_bytes / self.bandwidth_Bps
         return float(t) if t.ndim == 0 else t
 
-    def describe(self) -> str:
+    def in_words(self) -> str:
         """One line for people: α in µs, B in MB/s or GB/s, and the fit's error."""
         b = float(f"{self.bandwidth_Bps:.3g}")     # round first: 999.99e6 B/s is 1 GB/s
         bw = f"{_figures(b / 1e9)} GB/s" if b >= 1e9 else f"{_figures(b / 1e6)} MB/s"

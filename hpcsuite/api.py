@@ -45,11 +45,11 @@ second try resumes the first, and a Slurm job's checkpoints are never touched).
 
 from __future__ import annotations
 
-# The public face only: the code is the runtime's (runtime/script_run.py, script_job.py,
+# The public face only: the code is the runtime's (runtime/script/script_run.py, script_job.py,
 # framework_state.py), where nothing imports back up to here.
-from .runtime.framework_state import keras_state, load_keras_state, load_torch_state, torch_state
-from .runtime.script_run import Restored, Run, active, load_checkpoint  # noqa: F401 (active)
-from .runtime.sharding import Batch
+from .runtime.frameworks.framework_state import keras_state, load_keras_state, load_torch_state, torch_state
+from .runtime.script.script_run import Restored, Run, active, load_checkpoint  # noqa: F401 (active)
+from .runtime.input.sharding import Batch
 
 __all__ = ["Run", "Restored", "Batch", "torch_state", "load_torch_state", "keras_state",
            "load_keras_state", "load_checkpoint"]

@@ -68,7 +68,7 @@ class Fabric:
     def intra_link(self) -> Link:
         return self.intra or self.inter
 
-    def describe(self) -> str:
+    def in_words(self) -> str:
         text = (f"{self.name}: {self.inter.bandwidth_GBps:g} GB/s, {self.inter.latency_us:g} us "
                 "per step between nodes")
         if self.intra:

@@ -97,7 +97,7 @@ def findings(answers: dict, need_bytes: int = 0, own_pids: frozenset[int] = froz
     return out
 
 
-def describe(answers: dict, found: list[Finding]) -> str:
+def health_line(answers: dict, found: list[Finding]) -> str:
     """One line: which GPU, and what is wrong with it (or that nothing is)."""
     name = f"GPU {answers.get('index', '?')} ({answers.get('name') or 'unknown'})"
     if not found:
@@ -113,7 +113,7 @@ def summarize(devices: list[dict] | str | None, need_bytes: int = 0) -> tuple[st
     found = [(d, findings(d, need_bytes)) for d in devices]
     worst = {f.severity for _, fs in found for f in fs}
     status = FAIL if FAIL in worst else WARN if WARN in worst else "pass"
-    unfit = [describe(d, fs) for d, fs in found if fs]
+    unfit = [health_line(d, fs) for d, fs in found if fs]
     healthy = len(devices) - len(unfit)
     return status, "; ".join(unfit + ([f"{healthy} GPU(s) healthy"] if healthy else []))
 

@@ -14,7 +14,7 @@ from hpcsuite import slurm
 from hpcsuite.allreduce_sizes import DEFAULT_SIZES, format_size, parse_sizes
 from hpcsuite.alphabeta import AlphaBeta, FitError, bus_bandwidth, fit
 from hpcsuite.cli import main
-from hpcsuite.runtime import allreduce_bench as ab
+from hpcsuite.runtime.checks import allreduce_bench as ab
 from hpcsuite.study.allreduce_job import job_spec
 
 from conftest import REPO, SBATCH
@@ -127,7 +127,7 @@ def test_json_round_trip_and_a_failed_fit():
         AlphaBeta.from_json({"error": "the times do not grow with size"})
     with pytest.raises(FitError, match="bandwidth_Bps must be"):
         AlphaBeta.from_json({**data, "bandwidth_Bps": 0})
-    assert "alpha 1 us, B 1 GB/s (N=4, 13 sizes" in m.describe()
+    assert "alpha 1 us, B 1 GB/s (N=4, 13 sizes" in m.in_words()
 
 
 # ------------------------------------------------------------------ sizes
@@ -220,8 +220,8 @@ def test_the_job_is_a_script_mode_spec_that_plans(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     spec = job_spec([4, 1024], 2, 1, "out", "00:03:00", None, 0.25)
-    assert spec["train"]["script"] == str(REPO / "hpcsuite" / "runtime" / "allreduce_bench.py")
-    assert (REPO / "hpcsuite" / "runtime" / "allreduce_bench.py").is_file()
+    assert spec["train"]["script"] == str(REPO / "hpcsuite" / "runtime" / "checks" / "allreduce_bench.py")
+    assert (REPO / "hpcsuite" / "runtime" / "checks" / "allreduce_bench.py").is_file()
     assert spec["train"]["args"] == ["--sizes", "4,1024", "--budget", "0.25"]
     (tmp_path / "job.yaml").write_text(json.dumps(spec))
     request = prepare("job.yaml", str(SBATCH / "profile.yaml"), None).request

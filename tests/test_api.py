@@ -10,7 +10,7 @@ import pytest
 from hpcsuite import api
 from hpcsuite.errors import UserError
 from hpcsuite.runs.results import Results
-from hpcsuite.runtime.signals import StopFlag
+from hpcsuite.runtime.rank.signals import StopFlag
 from hpcsuite.submit.spec import spec_from_dict
 
 
@@ -87,7 +87,7 @@ def test_a_retired_flag_ignores_a_late_signal():
     import sys
 
     code = ("import os, signal\n"
-            "from hpcsuite.runtime.signals import FLAG\n"
+            "from hpcsuite.runtime.rank.signals import FLAG\n"
             "FLAG.install(['USR1', 'TERM'])\n"
             "FLAG.retire()\n"
             "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN\n"

@@ -17,7 +17,7 @@ FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
 # What each room may import besides itself and the core leaves.
 ALLOWED = {
     "cli": set(ROOMS) | {"api"},
-    "runner": {"submit", "runs", "runtime.job_io"},
+    "runner": {"submit", "runs", "runtime.rank.job_io"},
     "study": {"runner", "submit", "runs", "site"},
     "sweep": {"runner", "submit", "runs"},
     "site": {"submit.site_profile", "submit.slurm_rules"},
@@ -28,6 +28,21 @@ ALLOWED = {
                 "runs.stragglers", "runs.checkpoint_dir", "runs.script_ranks", "runs.world_change",
                 "runs.mlflow_store", "models"},
 }
+
+# runtime/'s rooms (docs/ARCHITECTURE.md, "runtime/ inside"), each importing only those listed:
+# the input pipeline and telemetry import nothing of the session or the frameworks, the
+# frameworks nothing of the session. runtime/train.py and runtime/hold_term.py, the entry
+# points at runtime/'s top, may import any room; no room imports them.
+RUNTIME_ROOMS = {
+    "rank": set(),
+    "input": {"rank"},
+    "observe": {"rank"},
+    "frameworks": {"rank", "input"},
+    "session": {"rank", "input", "observe", "frameworks"},
+    "script": {"rank", "input", "observe", "frameworks", "session"},
+    "checks": {"rank", "input", "observe", "frameworks"},
+}
+RUNTIME_TOP = {"__init__", "train", "hold_term"}
 
 
 def module_name(path):
@@ -98,9 +113,9 @@ def test_the_core_leaves_import_only_each_other():
 
 
 def test_api_is_a_public_face_over_the_runtime():
-    """Script mode's code is the runtime's (runtime/script_run.py and its neighbours):
+    """Script mode's code is the runtime's (runtime/script/script_run.py and its neighbours):
     hpcsuite/api.py re-exports it for ``from hpcsuite.api import Run``, and nothing in the
-    package imports api (runtime/script.py once did: the one import that ran back up)."""
+    package imports api (runtime/script/script.py once did: the one import that ran back up)."""
     ours = [t for t in imports(PACKAGE / "api.py") if t.startswith("hpcsuite.")]
     assert ours and all(t.startswith("hpcsuite.runtime.") for t in ours), ours
     offences = [f"{p.relative_to(REPO)} imports {t}" for p in modules() if p.name != "api.py"
@@ -207,7 +222,7 @@ def test_only_the_runner_asks_runs_jobs_of_slurm():
 # daemons.py: `cluster down` ends the jobs its own daemons still hold, as their admin).
 JOB_CLIENTS = ("sbatch", "scancel", "squeue", "sacct")
 CLIENTS_ELSEWHERE = {"hpcsuite.runs.attempts", "hpcsuite.runs.ownership",
-                     "hpcsuite.runtime.timelimit", "hpcsuite.site.daemons"}
+                     "hpcsuite.runtime.session.timelimit", "hpcsuite.site.daemons"}
 
 
 def test_slurms_job_clients_run_only_in_the_runner():
@@ -247,3 +262,32 @@ def test_planning_is_pure():
                         "hpcsuite.runs.attempts", "hpcsuite.runs.jobs"}, names
     defined = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
     assert not defined & {"sbatch", "submit"}, defined
+
+
+def runtime_room_of(dotted):
+    parts = dotted.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["hpcsuite", "runtime"] else None
+
+
+@pytest.mark.parametrize("room", sorted(RUNTIME_ROOMS))
+def test_each_runtime_room_imports_only_the_rooms_below_it(room):
+    offences = []
+    for path in sorted((PACKAGE / "runtime" / room).glob("*.py")):
+        for target in imports(path):
+            other = runtime_room_of(target)
+            if other is None or other == room:
+                continue
+            if other not in RUNTIME_ROOMS or other not in RUNTIME_ROOMS[room]:
+                offences.append(f"{path.relative_to(REPO)} imports {target}")
+    assert not offences, "imports against docs/ARCHITECTURE.md:\n  " + "\n  ".join(offences)
+
+
+def test_runtime_is_its_rooms_and_its_entry_points():
+    """Every runtime module sits in a room with a one-line purpose, except the entry points."""
+    root = PACKAGE / "runtime"
+    assert {p.stem for p in root.glob("*.py")} == RUNTIME_TOP
+    rooms = {p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(RUNTIME_ROOMS)
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((root / room / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), f"runtime/{room}/__init__.py: one line saying what it holds"

@@ -5,7 +5,7 @@ pure functions tested here; they have not run on a GPU in CI (there is none)."""
 
 import pytest
 
-from hpcsuite.runtime.torch_backend import autocast_settings, pick_device
+from hpcsuite.runtime.frameworks.torch_backend import autocast_settings, pick_device
 
 
 @pytest.mark.parametrize("local_rank, cuda, count, device", [
@@ -66,10 +66,10 @@ def test_the_session_votes_through_real_horovod_on_one_rank(tmp_path):
     probe = f"""
 import json
 import horovod.torch as hvd
-from hpcsuite.runtime.collectives import HorovodObjects
-from hpcsuite.runtime.session import Session
-from hpcsuite.runtime.signals import StopFlag
-from hpcsuite.runtime.torch_backend import TorchBackend
+from hpcsuite.runtime.script.collectives import HorovodObjects
+from hpcsuite.runtime.session.session import Session
+from hpcsuite.runtime.rank.signals import StopFlag
+from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
 from hpcsuite.submit.spec import spec_from_dict
 
 job = spec_from_dict({{"name": "v", "output_dir": {str(tmp_path)!r}, "train": {{"batch_size": 4}}}}, "t")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hpcsuite.runs.checkpoint_dir import MANIFEST, MARKER, newest_checkpoint
-from hpcsuite.runtime.checkpoint import CheckpointStore
+from hpcsuite.runtime.session.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -105,8 +105,8 @@ def test_empty_or_missing_store(tmp_path):
 
 KILLER = """
 import sys, time, numpy as np
-from hpcsuite.runtime import checkpoint
-from hpcsuite.runtime.checkpoint import CheckpointStore
+from hpcsuite.runtime.session import checkpoint
+from hpcsuite.runtime.session.checkpoint import CheckpointStore
 
 where = sys.argv[2]          # the file of the save to stop in (its name starts so)
 real = checkpoint.write_hashed
@@ -156,7 +156,7 @@ def test_scalars_keep_their_shape(tmp_path):
 
 
 def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
-    from hpcsuite.runtime.checkpoint import CheckpointError
+    from hpcsuite.runtime.session.checkpoint import CheckpointError
 
     store = CheckpointStore(tmp_path, keep=2)
     save(store, 1)
@@ -172,8 +172,8 @@ def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
 def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     import errno
 
-    from hpcsuite.runtime import checkpoint
-    from hpcsuite.runtime.checkpoint import CheckpointError
+    from hpcsuite.runtime.session import checkpoint
+    from hpcsuite.runtime.session.checkpoint import CheckpointError
 
     store = CheckpointStore(tmp_path, keep=1)
     save(store, 1)
@@ -194,7 +194,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path,
 
 
 def test_time_left_parsing_and_the_measured_stop():
-    from hpcsuite.runtime.timelimit import TimeLimit, parse_time_left
+    from hpcsuite.runtime.session.timelimit import TimeLimit, parse_time_left
 
     assert [parse_time_left(t) for t in ("1-02:03:04", "2:03:04", "3:04", "UNLIMITED",
                                          "NOT_SET", "", "5")] == \
@@ -211,7 +211,7 @@ def test_time_left_parsing_and_the_measured_stop():
 
 
 def test_a_stop_is_for_the_time_limit_when_the_clock_said_so_or_the_signal_came_near_it():
-    from hpcsuite.runtime.timelimit import TimeLimit, stop_reason
+    from hpcsuite.runtime.session.timelimit import TimeLimit, stop_reason
 
     assert stop_reason(None, 30) == "preempted"
     assert stop_reason(TimeLimit(3600.0), 30) == "preempted"        # a signal an hour before

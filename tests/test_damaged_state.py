@@ -14,8 +14,8 @@ import pytest
 from hpcsuite.runs import attempts, ledger
 from hpcsuite.errors import UserError
 from hpcsuite.runs.results import Results
-from hpcsuite.runtime.checkpoint import CheckpointStore
-from hpcsuite.runtime.job_io import load_job
+from hpcsuite.runtime.session.checkpoint import CheckpointStore
+from hpcsuite.runtime.rank.job_io import load_job
 from hpcsuite.submit.spec import spec_from_dict
 
 TRIALS = 150

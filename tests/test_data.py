@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.runtime.data import NpyShards, Synthetic, open_data, write_shards
+from hpcsuite.runtime.input.data import NpyShards, Synthetic, open_data, write_shards
 from hpcsuite.submit.spec import Data
 
 
@@ -62,7 +62,7 @@ def test_npy_needs_a_directory(tmp_path):
 
 
 def _batches(ids_per_batch):
-    from hpcsuite.runtime.sharding import Batch, Cursor
+    from hpcsuite.runtime.input.sharding import Batch, Cursor
     return [Batch(ids=np.asarray(ids), weights=np.ones(len(ids), np.float32), real=len(ids),
                   step_real=len(ids), last_in_step=True, cursor=Cursor(0, 0))
             for ids in ids_per_batch]
@@ -70,8 +70,8 @@ def _batches(ids_per_batch):
 
 @pytest.mark.parametrize("kind", ["synthetic", "npy", "subset"])
 def test_reading_into_buffers_gives_the_same_samples(tmp_path, kind):
-    from hpcsuite.runtime.blocks import Buffers, read_block
-    from hpcsuite.runtime.data import Subset
+    from hpcsuite.runtime.input.blocks import Buffers, read_block
+    from hpcsuite.runtime.input.data import Subset
 
     rng = np.random.default_rng(3)
     data = Synthetic(Data(samples=120, shape=[5], classes=4), 1)
@@ -92,7 +92,7 @@ def test_reading_into_buffers_gives_the_same_samples(tmp_path, kind):
 
 def test_a_buffer_is_used_again_only_when_nothing_refers_to_it():
     import torch
-    from hpcsuite.runtime.blocks import Buffers, read_block
+    from hpcsuite.runtime.input.blocks import Buffers, read_block
 
     data = Synthetic(Data(samples=64, shape=[3], classes=2), 0)
     buffers = Buffers(most=2)
@@ -114,7 +114,7 @@ def test_a_buffer_is_used_again_only_when_nothing_refers_to_it():
 
 
 def test_full_blocks_share_ones_and_padded_blocks_keep_their_weights():
-    from hpcsuite.runtime.blocks import Buffers, read_block
+    from hpcsuite.runtime.input.blocks import Buffers, read_block
 
     data = Synthetic(Data(samples=64, shape=[3], classes=2), 0)
     buffers = Buffers()
@@ -132,9 +132,9 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
     """PyTorch's in-process reads take big micro-batches one at a time and small ones in
     blocks: either way each micro-batch is its ids' samples, with its padding's zero weights."""
     import torch
-    from hpcsuite.runtime import torch_backend
-    from hpcsuite.runtime.blocks import Buffers, Ones
-    from hpcsuite.runtime.sharding import Cursor, Sharder
+    from hpcsuite.runtime.frameworks import torch_backend
+    from hpcsuite.runtime.input.blocks import Buffers, Ones
+    from hpcsuite.runtime.input.sharding import Cursor, Sharder
 
     monkeypatch.setattr(torch_backend, "reads_alone", lambda data, batch: alone)
     backend = object.__new__(torch_backend.TorchBackend)      # no Horovod needed to read
@@ -153,7 +153,7 @@ def test_torch_reads_the_same_micro_batches_alone_or_in_blocks(monkeypatch, alon
 
 
 def test_which_micro_batches_are_read_alone():
-    from hpcsuite.runtime.blocks import reads_alone
+    from hpcsuite.runtime.input.blocks import reads_alone
 
     def of(shape):
         return Synthetic(Data(samples=4, shape=shape, classes=2), 0)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.runtime.data import Hdf5, Python, Subset, open_train_eval, split_ids
-from hpcsuite.runtime.sharding import Cursor, Sharder
+from hpcsuite.runtime.input.data import Hdf5, Python, Subset, open_train_eval, split_ids
+from hpcsuite.runtime.input.sharding import Cursor, Sharder
 from hpcsuite.submit.spec import spec_from_dict
 
 

@@ -26,7 +26,7 @@ def test_bench_allreduce_times_horovod_and_mpi(local_cluster, tmp_path):
     run_dir = tmp_path / "runs" / "allreduce-bench" / out["job_id"]
     assert out["run_dir"] == str(run_dir)
     job = json.loads((run_dir / "job.json").read_text())
-    assert job["train"]["script"] == str(REPO / "hpcsuite" / "runtime" / "allreduce_bench.py")
+    assert job["train"]["script"] == str(REPO / "hpcsuite" / "runtime" / "checks" / "allreduce_bench.py")
 
     r = out["allreduce"]
     assert r == json.loads((run_dir / "allreduce.json").read_text())

@@ -248,7 +248,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(local_cluster, 
         log = (tmp_path / "runs" / "full" / f"slurm-{out['job_id']}.out").read_text()
         assert "saving the checkpoint of step 20 failed: No space left on device; the previous " \
                f"checkpoint {disk}/step-00000010 is intact" in log
-        from hpcsuite.runtime.checkpoint import CheckpointStore
+        from hpcsuite.runtime.session.checkpoint import CheckpointStore
 
         assert CheckpointStore(disk).latest().step == 10
         assert sorted(p.name for p in disk.iterdir() if not p.name.startswith(".owner")) == \

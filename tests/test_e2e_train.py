@@ -253,7 +253,7 @@ def test_torch_npy_shards_amp_adasum_timeline(local_cluster, tmp_path):
     gradient accumulation, and a Horovod timeline requested through the spec."""
     import numpy as np
 
-    from hpcsuite.runtime.data import write_shards
+    from hpcsuite.runtime.input.data import write_shards
 
     cluster, env = local_cluster
     rng = np.random.default_rng(3)

@@ -43,7 +43,7 @@ def test_digits_example_reaches_a_believable_accuracy(local_cluster, digits, spe
 
 
 def test_user_model_resumes_and_continues_its_schedule(local_cluster, digits):
-    from hpcsuite.runtime.schedule import learning_rate
+    from hpcsuite.runtime.session.schedule import learning_rate
     from hpcsuite.submit.spec import Schedule
 
     cluster, env = local_cluster

@@ -1,13 +1,11 @@
-"""A rank ends as soon as another rank of its attempt reported a failure (runtime/failwatch.py):
+"""A rank ends as soon as another rank of its attempt reported a failure (runtime/observe/failwatch.py):
 the marker's rank, the status it names, a marker not yet written in full."""
 
 import threading
 import time
 
 from hpcsuite.runs.rundir import RunDir, failure_text
-from hpcsuite.runtime import failwatch
-
-
+from hpcsuite.runtime.observe import failwatch
 def test_another_ranks_marker_ends_this_rank_with_its_status(tmp_path):
     marker = RunDir(tmp_path).failed(0)
     assert failwatch.check(marker, 0, 0) is None                     # nothing failed

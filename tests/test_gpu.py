@@ -42,8 +42,8 @@ def test_the_torch_backend_trains_on_its_local_ranks_gpu_with_amp(tmp_path):
     out = _run(f"""
 import json, os
 os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-from hpcsuite.runtime.loop import Trainer
-from hpcsuite.runtime.torch_backend import TorchBackend
+from hpcsuite.runtime.session.loop import Trainer
+from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
 from hpcsuite.submit.spec import spec_from_dict
 job = spec_from_dict({{"name": "gpu", "output_dir": {str(tmp_path)!r}, "train": {{
     "precision": "amp", "max_steps": 30, "batch_size": 64, "data": {{"samples": 2048}}}}}}, "t")
@@ -80,8 +80,8 @@ def test_an_allreduce_on_the_gpu_through_horovod():
 def test_tensorflow_uses_the_gpu_with_mixed_float16(tmp_path):
     out = _run(f"""
 import json
-from hpcsuite.runtime.loop import Trainer
-from hpcsuite.runtime.tf_backend import TensorFlowBackend
+from hpcsuite.runtime.session.loop import Trainer
+from hpcsuite.runtime.frameworks.tf_backend import TensorFlowBackend
 from hpcsuite.submit.spec import spec_from_dict
 job = spec_from_dict({{"name": "gpu", "output_dir": {str(tmp_path)!r}, "train": {{
     "backend": "tensorflow", "precision": "mixed_float16", "max_steps": 20, "batch_size": 64,

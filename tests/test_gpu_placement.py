@@ -9,7 +9,7 @@ import pytest
 
 from hpcsuite import runner
 from hpcsuite.errors import UserError
-from hpcsuite.runtime import placement
+from hpcsuite.runtime.rank import placement
 from hpcsuite.submit.plan import gpu_options
 from hpcsuite.submit.spec import spec_from_dict
 

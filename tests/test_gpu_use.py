@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hpcsuite.cli import main
 from hpcsuite.runs import gpu_use
 from hpcsuite.runs.results import Results, energy_record
-from hpcsuite.runtime.monitor import Sampler
+from hpcsuite.runtime.observe.monitor import Sampler
 
 WATTS = 300.0
 
@@ -62,7 +62,7 @@ def test_sampler_records_the_gpus_energy_from_start_to_stop(monkeypatch):
 
 def test_a_gpu_without_an_energy_counter_leaves_it_absent_and_samples_go_on(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy=False))
-    caplog.set_level("INFO", logger="hpcsuite.runtime.monitor")
+    caplog.set_level("INFO", logger="hpcsuite.runtime.observe.monitor")
     sampler = Sampler(0.05, rank=0, device="cuda:0").start(SimpleNamespace(step=1))
     time.sleep(0.12)
     samples = sampler.stop()
@@ -73,7 +73,7 @@ def test_a_gpu_without_an_energy_counter_leaves_it_absent_and_samples_go_on(monk
 def test_a_rank_reads_the_gpu_it_was_placed_on_not_nvmls_first(monkeypatch):
     # placement left rank 1 of a node GPU 3 (CUDA_VISIBLE_DEVICES=3): CUDA calls it cuda:0,
     # NVML numbers every GPU of the node
-    from hpcsuite.runtime.monitor import nvml_handle
+    from hpcsuite.runtime.observe.monitor import nvml_handle
 
     nvml = fake_nvml()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -170,8 +170,8 @@ def test_the_managed_loop_records_each_ranks_energy_and_charts_it(tmp_path, monk
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from test_session import on_ranks
 
-    from hpcsuite.runtime.loop import Trainer
-    from hpcsuite.runtime.signals import StopFlag
+    from hpcsuite.runtime.session.loop import Trainer
+    from hpcsuite.runtime.rank.signals import StopFlag
     from hpcsuite.submit.spec import spec_from_dict
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcsuite.gpuhealth import FAIL, GIB, WARN, describe, findings, read, read_all
+from hpcsuite.gpuhealth import FAIL, GIB, WARN, findings, health_line, read, read_all
 
 # An H100 at rest, as nvidia-ml-py 13 answered it on a healthy node: ECC on, no pending
 # remapping, idle clocks, no processes.
@@ -19,7 +19,7 @@ HEALTHY = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1",
 
 def test_a_healthy_gpu_has_no_findings():
     assert findings(HEALTHY, need_bytes=40 * GIB) == []
-    assert describe(HEALTHY, []) == "GPU 0 (NVIDIA H100 80GB HBM3): healthy"
+    assert health_line(HEALTHY, []) == "GPU 0 (NVIDIA H100 80GB HBM3): healthy"
 
 
 @pytest.mark.parametrize("change, what, words", [
@@ -38,7 +38,7 @@ def test_each_fault_fails_the_gpu_and_says_what(change, what, words):
     found = findings({**HEALTHY, **change}, need_bytes=40 * GIB)
     assert [(f.severity, f.what) for f in found] == [(FAIL, what)]
     assert words in found[0].detail
-    assert words in describe({**HEALTHY, **change}, found)
+    assert words in health_line({**HEALTHY, **change}, found)
 
 
 @pytest.mark.parametrize("mask", [0x0, 0x1, 0x2, 0x10, 0x100, 0x1 | 0x2 | 0x10 | 0x100])

@@ -1,4 +1,4 @@
-"""The rank's check that its Horovod links the MPI the site profile names (runtime/horovod_mpi.py):
+"""The rank's check that its Horovod links the MPI the site profile names (runtime/frameworks/horovod_mpi.py):
 the parsing and the verdicts; the end-to-end refusal is in tests/test_e2e_mpis.py."""
 
 import json
@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.runtime import horovod_mpi
-
+from hpcsuite.runtime.frameworks import horovod_mpi
 MAPS = """\
 7f00a000-7f00b000 r-xp 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libopen-pal.so.40.30.2
 7f00c000-7f00d000 r-xp 00000000 08:01 124 /work/main/.venv-mpich/lib/libmpi.so.12
@@ -65,7 +64,7 @@ def test_a_real_library_answers_its_version_before_mpi_init():
 def test_a_rank_whose_mpi_is_not_the_profiles_stops_with_one_line(tmp_path):
     """In a child process that has loaded Debian's Open MPI 4.1 (as .venv's Horovod does)."""
     lib = _system_libmpi()
-    code = (f"import ctypes, sys; ctypes.CDLL({lib!r}); from hpcsuite.runtime import horovod_mpi;"
+    code = (f"import ctypes, sys; ctypes.CDLL({lib!r}); from hpcsuite.runtime.frameworks import horovod_mpi;"
             "horovod_mpi.check(sys.argv[1], '/venv/site-packages/horovod/torch/__init__.py')")
     for flavour, expect in (("openmpi", 0), ("mpich", 1), ("openmpi5", 1)):
         (tmp_path / "profile.json").write_text(json.dumps({"mpi": {"flavour": flavour}}))

@@ -47,8 +47,8 @@ def test_train_help_does_not_import_frameworks_either():
 
 
 def test_sharding_data_and_checkpoint_layers_import_no_framework():
-    probe = ("import sys, json; import hpcsuite.runtime.sharding, hpcsuite.runtime.data, "
-             "hpcsuite.runtime.blocks, hpcsuite.runtime.checkpoint, hpcsuite.runtime.loop; "
+    probe = ("import sys, json; import hpcsuite.runtime.input.sharding, hpcsuite.runtime.input.data, "
+             "hpcsuite.runtime.input.blocks, hpcsuite.runtime.session.checkpoint, hpcsuite.runtime.session.loop; "
              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('torch', 'tensorflow', 'keras', 'horovod'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)

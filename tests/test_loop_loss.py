@@ -8,8 +8,8 @@ import re
 import pytest
 from test_session import on_ranks
 
-from hpcsuite.runtime.loop import Trainer
-from hpcsuite.runtime.signals import StopFlag
+from hpcsuite.runtime.session.loop import Trainer
+from hpcsuite.runtime.rank.signals import StopFlag
 from hpcsuite.submit.spec import spec_from_dict
 
 LINE = re.compile(r"step (\d+), epoch (\d+), loss ([0-9.]+)")
@@ -50,7 +50,7 @@ def train(tmp_path, size, caplog):
         return Trainer(job, tmp_path / "run", b, StopFlag()).run()[1]
 
     (tmp_path / "run").mkdir()
-    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.loop"):
+    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.session.loop"):
         results = on_ranks(size, rank)[0]
     return results, [LINE.search(r.getMessage()) for r in caplog.records
                      if LINE.search(r.getMessage())]

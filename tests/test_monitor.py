@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpcsuite.runtime.monitor import Sampler
+from hpcsuite.runtime.observe.monitor import Sampler
 
 
 def test_sampler_records_cpu_memory_and_the_loops_step(tmp_path, monkeypatch):
@@ -88,8 +88,7 @@ def test_the_textfile_ends_with_the_final_values_and_says_the_job_ended(tmp_path
 
 
 def test_a_failing_rank_writes_the_end_through_end_all(tmp_path, monkeypatch):
-    from hpcsuite.runtime import monitor
-
+    from hpcsuite.runtime.observe import monitor
     monkeypatch.setenv("SLURM_JOB_ID", "10")
     progress = SimpleNamespace(step=3)
     sampler = Sampler(0.05, rank=1, prometheus_dir=str(tmp_path), job="j", host="h").start(progress)

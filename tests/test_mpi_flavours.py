@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hpcsuite.runtime import shm
+from hpcsuite.runtime.rank import shm
 from hpcsuite.submit.lint import lint
 from hpcsuite.submit.plan import plan
 from hpcsuite.submit.site_profile import Mpi, SiteProfile

@@ -11,9 +11,7 @@ import time
 import pytest
 
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import netwatch as nw
-
-
+from hpcsuite.runtime.observe import netwatch as nw
 def test_a_stall_is_twenty_typical_steps_and_at_least_the_floor():
     assert nw.stall_seconds([]) == nw.MIN_STALL_SECONDS
     assert nw.stall_seconds([0.0, 0.1, 0.2, 0.3]) == nw.MIN_STALL_SECONDS
@@ -120,7 +118,7 @@ def test_a_peer_gone_in_a_stall_ends_the_attempt(tmp_path, monkeypatch):
 def test_a_peer_that_never_answered_is_not_watched(tmp_path, monkeypatch, caplog):
     import logging
 
-    with caplog.at_level(logging.WARNING, logger="hpcsuite.runtime.netwatch"):
+    with caplog.at_level(logging.WARNING, logger="hpcsuite.runtime.observe.netwatch"):
         failed = run_watch(tmp_path, monkeypatch, closed_port())   # a firewall, say
         time.sleep(0.5)
     assert failed == []
@@ -135,7 +133,7 @@ def test_a_stall_with_every_peer_answering_is_left_alone(tmp_path, monkeypatch, 
     with socket.socket() as peer:
         peer.bind(("127.0.0.1", 0))
         peer.listen(8)
-        with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.netwatch"):
+        with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.observe.netwatch"):
             failed = run_watch(tmp_path, monkeypatch, peer.getsockname()[1])
             time.sleep(0.5)
     assert failed == []

@@ -1,4 +1,4 @@
-"""The GPU input pipeline's logic (hpcsuite/runtime/prefetch.py) on the CPU: the thread, the
+"""The GPU input pipeline's logic (hpcsuite/runtime/input/prefetch.py) on the CPU: the thread, the
 bounded slot ring, the hand-over in order, the stop with batches queued, resident data and the
 train.data.on_device decision. Pinning, streams and events only run on a GPU
 (tests/test_gpu.py)."""
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.runtime.data import Synthetic
-from hpcsuite.runtime.sharding import Cursor, Sharder
+from hpcsuite.runtime.input.data import Synthetic
+from hpcsuite.runtime.input.sharding import Cursor, Sharder
 from hpcsuite.submit.spec import Data
 
 torch = pytest.importorskip("torch")
 
-from hpcsuite.runtime import prefetch  # noqa: E402
+from hpcsuite.runtime.input import prefetch  # noqa: E402
 
 
 class Counted:
@@ -176,7 +176,7 @@ def test_on_device_auto_whose_copy_runs_out_of_memory_falls_back_to_prefetching(
     monkeypatch.setattr(prefetch, "RESIDENT_CHUNK_BYTES", 20 * (48 + 8))   # 3 chunks
     data = OutOfMemoryOnCopy(_data())
     feeds = prefetch.Input(torch, "cpu", 2, "auto", rank=rank, free_memory=lambda: 10 ** 9)
-    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.prefetch"):
+    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.input.prefetch"):
         assert feeds.resident(data) is None
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and said[0].startswith(
@@ -192,11 +192,11 @@ def test_on_device_auto_whose_copy_runs_out_of_memory_falls_back_to_prefetching(
 STOPPED_RUN = """
 import json, sys, time
 import torch
-from hpcsuite.runtime.loop import Trainer
-from hpcsuite.runtime.policy import Policy
-from hpcsuite.runtime.prefetch import Input
-from hpcsuite.runtime.signals import StopFlag
-from hpcsuite.runtime.torch_backend import TorchBackend
+from hpcsuite.runtime.session.loop import Trainer
+from hpcsuite.runtime.session.policy import Policy
+from hpcsuite.runtime.input.prefetch import Input
+from hpcsuite.runtime.rank.signals import StopFlag
+from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
 from hpcsuite.submit.spec import spec_from_dict
 
 run_dir, stop_at = sys.argv[1], int(sys.argv[2])
@@ -317,8 +317,8 @@ def test_on_a_gpu_every_micro_batch_arrives_whole_while_the_gpu_lags(resident):
 
 GPU_RUN = """
 import json, sys
-from hpcsuite.runtime.loop import Trainer
-from hpcsuite.runtime.torch_backend import TorchBackend
+from hpcsuite.runtime.session.loop import Trainer
+from hpcsuite.runtime.frameworks.torch_backend import TorchBackend
 from hpcsuite.submit.spec import spec_from_dict
 run_dir, on_device = sys.argv[1], json.loads(sys.argv[2])
 job = spec_from_dict({"name": "gpu", "output_dir": run_dir, "train": {

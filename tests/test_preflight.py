@@ -15,7 +15,7 @@ from test_gpuhealth import HEALTHY, RECORDED, fake_nvml
 from test_locks import SITE, layers  # noqa: F401 (the fixture)
 
 from hpcsuite.errors import ConfigError, UserError
-from hpcsuite.runtime import preflight_step as step
+from hpcsuite.runtime.checks import preflight_step as step
 from hpcsuite.submit.spec import spec_from_dict
 
 

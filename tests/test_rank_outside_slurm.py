@@ -46,8 +46,7 @@ def test_a_failing_srun_leaves_the_slurm_version_out(monkeypatch):
 
 
 def test_no_libmpi_leaves_the_mpi_version_out(monkeypatch, caplog):
-    from hpcsuite.runtime import backend
-
+    from hpcsuite.runtime.frameworks import backend
     monkeypatch.setattr(backend.horovod_mpi, "loaded_libmpi", lambda: None)   # a Gloo-only Horovod
     assert backend.mpi_version() is None
     assert "results.json without the MPI version: this process loaded no libmpi" in caplog.text
@@ -59,7 +58,7 @@ def test_the_mpi_version_is_asked_of_the_loaded_libmpi_without_mpi4py():
     a rank under MPICH's srun --mpi=pmi2."""
     code = ("import ctypes, ctypes.util, sys\n"
             "ctypes.CDLL(ctypes.util.find_library('mpi'), mode=ctypes.RTLD_GLOBAL)\n"
-            "from hpcsuite.runtime.backend import mpi_version\n"
+            "from hpcsuite.runtime.frameworks.backend import mpi_version\n"
             "print(mpi_version()); print('mpi4py' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     version, imported = out.stdout.splitlines()

@@ -47,7 +47,7 @@ def test_job_json_names_a_relative_checkpoint_dir_absolute(work, checkpoint, kep
 def test_status_elsewhere_reads_the_checkpoint_dir_the_ranks_wrote(work, monkeypatch):
     """The ranks run in the submit directory; `status JOB` may run anywhere: both take the
     checkpoint directory from job.json and find the same one."""
-    from hpcsuite.runtime.job_io import load_job
+    from hpcsuite.runtime.rank.job_io import load_job
 
     (work / "job.yaml").write_text(JOB.replace("CHECKPOINT", "{every_steps: 5, dir: ckpt}"))
     request = runner.prepare("job.yaml").request

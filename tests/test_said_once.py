@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from hpcsuite.cli import main
 from hpcsuite.errors import UserError
-from hpcsuite.runtime.data import Hdf5
+from hpcsuite.runtime.input.data import Hdf5
 from hpcsuite.submit.lint import Finding
 from hpcsuite.submit.spec import spec_from_dict
 

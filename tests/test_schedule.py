@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hpcsuite.runtime.schedule import learning_rate
+from hpcsuite.runtime.session.schedule import learning_rate
 from hpcsuite.submit.spec import Schedule
 
 

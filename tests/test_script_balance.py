@@ -18,7 +18,7 @@ from hpcsuite.errors import UserError
 from hpcsuite.runs.report import slow_rank_findings
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runs.stragglers import MIN_VOTES, WINDOW_STEPS
-from hpcsuite.runtime.signals import StopFlag
+from hpcsuite.runtime.rank.signals import StopFlag
 from hpcsuite.submit.spec import spec_from_dict
 
 STEPS = WINDOW_STEPS + 60          # every call votes: the window's steps and votes, and more

@@ -92,7 +92,7 @@ main()
 
 def test_a_failing_script_leaves_type_message_node_and_its_line_in_the_marker(tmp_path):
     from hpcsuite.runner.status import reported_error
-    from hpcsuite.runtime.job_io import hostname
+    from hpcsuite.runtime.rank.job_io import hostname
 
     job = _script_job(tmp_path / "run", RAISES)
     done = _rank(job)

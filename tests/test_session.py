@@ -9,9 +9,9 @@ import pytest
 
 from hpcsuite.errors import UserError
 from hpcsuite.runs.results import Results
-from hpcsuite.runtime.session import Session
-from hpcsuite.runtime.sharding import Cursor
-from hpcsuite.runtime.signals import StopFlag
+from hpcsuite.runtime.session.session import Session
+from hpcsuite.runtime.input.sharding import Cursor
+from hpcsuite.runtime.rank.signals import StopFlag
 from hpcsuite.submit.spec import spec_from_dict
 
 
@@ -255,7 +255,7 @@ def test_a_restore_on_another_number_of_ranks_says_what_a_step_now_means(tmp_pat
             return s.world_change, s.results(s.gather(s.note(1.0, None)), s.status())
         return on_ranks(size, body)
 
-    with caplog.at_level("WARNING", logger="hpcsuite.runtime.session"):
+    with caplog.at_level("WARNING", logger="hpcsuite.runtime.session.session"):
         got = resumed(2)
     change, results = got[0]
     assert change == {"from_ranks": 3, "to_ranks": 2, "step": 6, "global_batch_before": 24,
@@ -266,3 +266,20 @@ def test_a_restore_on_another_number_of_ranks_says_what_a_step_now_means(tmp_pat
                     "step; train.max_steps 10 counts steps, so the 4 steps left train 64 "
                     "samples, not 96"]
     assert resumed(3)[0][0] is None
+
+
+def test_a_session_opens_no_chart_itself_its_maker_hands_them_over(tmp_path):
+    """Making a Session starts no thread and writes no chart, whatever the spec asks: the mode
+    that makes it opens rank 0's charts (RankCharts.open, where the MLflow thread starts)."""
+    from hpcsuite.runtime.session.session import RankCharts
+
+    asked = {"monitor": {"tensorboard": True}, "tracking": {"mlflow": {"uri": "file:./mlruns"}}}
+    threads = set(threading.enumerate())
+
+    def body(rank, ranks):
+        s = session(tmp_path, ranks, **asked)
+        return s.tracker, s.chart
+
+    assert on_ranks(2, body) == [(None, None)] * 2
+    assert set(threading.enumerate()) <= threads
+    assert RankCharts.open(job(tmp_path, **asked), tmp_path / "run", rank=1) == RankCharts()

@@ -3,7 +3,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from hpcsuite.runtime.sharding import Cursor, Sharder
+from hpcsuite.runtime.input.sharding import Cursor, Sharder
 
 
 def epoch_ids(n, world, batch, seed, epoch=0, accumulation=1, consumed=0):

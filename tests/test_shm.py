@@ -1,11 +1,11 @@
-"""Open MPI's shared memory where Slurm nodes share a host (runtime/shm.py), and the site
+"""Open MPI's shared memory where Slurm nodes share a host (runtime/rank/shm.py), and the site
 profile key that asks for it (mpi.nodes_share_host)."""
 
 import os
 
 import pytest
 
-from hpcsuite.runtime import shm
+from hpcsuite.runtime.rank import shm
 from hpcsuite.site.slurm_conf import render_profile
 from hpcsuite.submit.plan import plan
 from hpcsuite.submit.site_profile import Mpi, SiteProfile

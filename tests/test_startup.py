@@ -1,4 +1,4 @@
-"""The startup watch (hpcsuite.runtime.startup): where a rank is when no step came within
+"""The startup watch (hpcsuite.runtime.rank.startup): where a rank is when no step came within
 train.startup_timeout_seconds, the message that names every rank's stage, the clock (paused
 while a checkpoint is restored, stopped by the first step), and the spec key. The end-to-end
 test on the local Slurm cluster is in test_e2e_user.py."""
@@ -16,9 +16,9 @@ import pytest
 from hpcsuite import api
 from hpcsuite.errors import ConfigError
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import startup
-from hpcsuite.runtime.session import Session
-from hpcsuite.runtime.startup import BEFORE_INIT, BEFORE_STEP, IN_INIT, StartupWatch, describe, rank_list
+from hpcsuite.runtime.rank import startup
+from hpcsuite.runtime.session.session import Session
+from hpcsuite.runtime.rank.startup import BEFORE_INIT, BEFORE_STEP, IN_INIT, StartupWatch, rank_list, stall_line
 from hpcsuite.submit.spec import spec_from_dict
 
 from test_locks import layers  # noqa: F401 (a fixture)
@@ -32,14 +32,14 @@ def word(rank, stage, at=None):
 # ---------------------------------------------------------------------- the message
 def test_ranks_in_one_stage_are_named_once():
     words = {r: word(r, IN_INIT) for r in range(4)}
-    assert describe(words, 4, 600) == ("ranks stopped inside Horovod's init: no step within "
+    assert stall_line(words, 4, 600) == ("ranks stopped inside Horovod's init: no step within "
                                        "600 s after they started (train.startup_timeout_seconds)")
 
 
 def test_ranks_in_different_stages_are_named_by_stage_in_order():
     words = {0: word(0, BEFORE_STEP), 1: word(1, BEFORE_INIT, "net.py:7 in build"),
              2: word(2, BEFORE_STEP), 3: word(3, IN_INIT)}
-    assert describe(words, 4, 20) == (
+    assert stall_line(words, 4, 20) == (
         "ranks stopped before Horovod's init (rank 1), inside Horovod's init (rank 3), before "
         "the first step (ranks 0, 2): no step within 20 s after they started "
         "(train.startup_timeout_seconds); in net.py:7 in build (rank 1)")
@@ -47,13 +47,13 @@ def test_ranks_in_different_stages_are_named_by_stage_in_order():
 
 def test_a_rank_that_never_answered_is_named():
     words = {0: word(0, IN_INIT), 1: word(1, IN_INIT)}
-    text = describe(words, 4, 30)
+    text = stall_line(words, 4, 30)
     assert text.startswith("ranks stopped inside Horovod's init (ranks 0-1), not heard from "
                            "(ranks 2-3: never started, or stuck where they could not answer)")
 
 
 def test_one_rank_and_the_users_frame():
-    text = describe({0: word(0, BEFORE_STEP, "model.py:3 in build")}, 1, 45.5)
+    text = stall_line({0: word(0, BEFORE_STEP, "model.py:3 in build")}, 1, 45.5)
     assert text == ("the rank stopped before the first step: no step within 45.5 s after it "
                     "started (train.startup_timeout_seconds); in model.py:3 in build")
 
@@ -161,13 +161,33 @@ def test_the_first_rank_to_report_names_the_others(tmp_path):
         "heard from (rank 2: ")
 
 
-def test_the_module_functions_do_nothing_without_a_watch():
-    assert startup.WATCH is None
-    startup.mark(IN_INIT)
-    startup.follow(lambda: True)
-    startup.end()
-    with startup.paused():
+def test_the_null_watch_hears_nothing_and_is_the_default_everywhere():
+    import inspect
+
+    from hpcsuite.runtime.frameworks.backend import HorovodBackend
+    from hpcsuite.runtime.script import script_job
+
+    startup.OFF.mark(IN_INIT)
+    startup.OFF.follow(lambda: True)
+    startup.OFF.stop()
+    with startup.OFF.paused():
         pass
+    for made in (Session, HorovodBackend):
+        assert inspect.signature(made).parameters["watch"].default is startup.OFF
+    assert script_job.Handover.watch is startup.OFF
+
+
+def test_script_mode_is_handed_the_watch_only_while_the_script_runs():
+    from hpcsuite.runtime.script import script_job
+
+    mine = object()
+    with script_job.handed(mine):
+        assert script_job.Handover.watch is mine
+    assert script_job.Handover.watch is startup.OFF
+    with pytest.raises(RuntimeError):
+        with script_job.handed(mine):
+            raise RuntimeError("the script failed")
+    assert script_job.Handover.watch is startup.OFF
 
 
 # ---------------------------------------------------------------------- the session's steps
@@ -175,10 +195,9 @@ def test_a_session_tells_the_watch_when_it_has_stepped(tmp_path, monkeypatch):
     job = spec_from_dict({"name": "s"}, "t")
     followed = []
     watch = types.SimpleNamespace(follow=followed.append)
-    monkeypatch.setattr(startup, "WATCH", watch)
 
     def body(rank, ranks):
-        s = Session(job, tmp_path, ranks)
+        s = Session(job, tmp_path, ranks, watch=watch)
         before = s.has_stepped()
         s.progress.step += 1                      # a script was handed its first step's batches
         handed = s.has_stepped()
@@ -256,8 +275,10 @@ def test_a_scripts_other_ranks_read_the_checkpoint_with_the_clock_paused(tmp_pat
             yield
             pauses.append("resume")
 
-    monkeypatch.setattr(startup, "WATCH", Recording())
-    run = api.Run(RankOne(), job=first.job, run_dir=first.run_dir)
+    from hpcsuite.runtime.script.script_job import handed
+
+    with handed(Recording()):         # as `hpcsuite train` hands it to the script's Run
+        run = api.Run(RankOne(), job=first.job, run_dir=first.run_dir)
     restored = run.restore()
     assert restored.step == manifest["step"] and restored.state["state"]["w"].tolist() == [1, 1]
     assert pauses == ["pause", "resume"] * 2

@@ -1,5 +1,5 @@
 """The slow-rank rule (hpcsuite/runs/stragglers.py) on recorded and synthetic votes, and the
-vote's per-rank own time and wait (hpcsuite/runtime/vote.py)."""
+vote's per-rank own time and wait (hpcsuite/runtime/rank/vote.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 import pytest
 
 from hpcsuite.runs import stragglers
-from hpcsuite.runtime import vote
+from hpcsuite.runtime.rank import vote
 from hpcsuite.runs.stragglers import Sample, SlowRank, behind, finding, line
-from hpcsuite.runtime.balance import Balance
+from hpcsuite.runtime.session.balance import Balance
 
 
 def reduce_max(vectors):

@@ -12,8 +12,8 @@ from hpcsuite import api
 from hpcsuite.errors import UserError
 from hpcsuite.runs.report import tensorboard_line
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import chart as chart_module
-from hpcsuite.runtime import tensorboard as tb
+from hpcsuite.runtime.observe import chart as chart_module
+from hpcsuite.runtime.observe import tensorboard as tb
 from hpcsuite.submit.spec import spec_from_dict
 
 

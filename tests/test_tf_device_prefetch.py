@@ -6,7 +6,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from hpcsuite.runtime.tf_backend import device_prefetch, to_device
+from hpcsuite.runtime.frameworks.tf_backend import device_prefetch, to_device
 
 
 def test_device_prefetch_only_with_a_gpu_and_a_depth():

@@ -9,7 +9,7 @@ from hpcsuite.submit.lint import lint
 from hpcsuite.submit.plan import horovod_environment
 from hpcsuite.submit.site_profile import SiteProfile
 from hpcsuite.runs.report import timeline_line, timeline_summary, timeline_windows
-from hpcsuite.runtime.timeline import Window
+from hpcsuite.runtime.observe.timeline import Window
 from hpcsuite.submit.spec import spec_from_dict
 
 

@@ -15,8 +15,8 @@ from hpcsuite import api
 from hpcsuite.errors import UserError
 from hpcsuite.runs import mlflow_store
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import chart as chart_module
-from hpcsuite.runtime import tracking
+from hpcsuite.runtime.observe import chart as chart_module
+from hpcsuite.runtime.observe import tracking
 from hpcsuite.submit.spec import spec_from_dict
 
 mlflow = pytest.importorskip("mlflow")

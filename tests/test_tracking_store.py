@@ -17,8 +17,8 @@ import pytest
 from hpcsuite.errors import UserError
 from hpcsuite.runs import mlflow_store, mlflow_sync
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime import chart as chart_module
-from hpcsuite.runtime import tracking
+from hpcsuite.runtime.observe import chart as chart_module
+from hpcsuite.runtime.observe import tracking
 from hpcsuite.submit.site_profile import SiteProfile
 from hpcsuite.submit.spec import spec_from_dict
 from hpcsuite.submit.tracking import tracking_problems
@@ -56,12 +56,32 @@ def test_mlflows_own_client_reads_the_jobs_store_as_the_docs_say(tmp_path, monke
 
 
 def test_hpcsuites_own_client_leaves_the_environment_as_it_was(tmp_path, monkeypatch):
-    monkeypatch.delenv(mlflow_store.ALLOW, raising=False)
+    for key in (mlflow_store.ALLOW, *mlflow_store.HTTP_DEFAULTS):
+        monkeypatch.delenv(key, raising=False)
+    before = dict(os.environ)
     c = mlflow_store.client_for((tmp_path / "mlruns").as_uri())
-    assert mlflow_store.ALLOW not in os.environ
+    assert dict(os.environ) == before        # no MLFLOW_* left behind on the login node
     made = c.create_experiment("x")        # the store made while allowed is used after
     assert c.get_experiment_by_name("x").experiment_id == made
 
+
+
+def test_mlflows_environment_holds_while_a_client_is_used_and_goes_after(monkeypatch):
+    for key in (mlflow_store.ALLOW, *mlflow_store.HTTP_DEFAULTS):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")     # the user's own stays
+    before = dict(os.environ)
+    with mlflow_store.mlflow_environment():
+        assert os.environ[mlflow_store.ALLOW] == "true"
+        assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+        with mlflow_store.mlflow_environment():
+            pass
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"   # the outer one still holds
+    assert dict(os.environ) == before
+    with pytest.raises(RuntimeError), mlflow_store.mlflow_environment():
+        raise RuntimeError("MLflow failed")
+    assert dict(os.environ) == before
 
 # ------------------------------------------------------------------- what status says
 def test_the_status_line_names_the_run_a_fall_back_and_a_loss(tmp_path):

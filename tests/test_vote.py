@@ -5,9 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hpcsuite.runtime import vote
-
-
+from hpcsuite.runtime.rank import vote
 def reduce_max(vectors):
     return np.max(np.array(vectors, dtype=np.int64), axis=0).tolist()
 

@@ -186,10 +186,10 @@ def test_the_pool_reads_every_epoch_in_order_and_close_leaves_no_child(tmp_path)
     order and equal to in-process reads, the same workers throughout, none left after close."""
     probe = f"""
 import multiprocessing, numpy as np
-from hpcsuite.runtime.data import open_train_eval
-from hpcsuite.runtime.sharding import Cursor, Sharder
-from hpcsuite.runtime.workers import Workers
-from hpcsuite.runtime.blocks import plan_blocks
+from hpcsuite.runtime.input.data import open_train_eval
+from hpcsuite.runtime.input.sharding import Cursor, Sharder
+from hpcsuite.runtime.input.workers import Workers
+from hpcsuite.runtime.input.blocks import plan_blocks
 from hpcsuite.submit.spec import spec_from_dict
 
 job = spec_from_dict({{"name": "w", "train": {{"batch_size": 8, "data": {{"samples": 64}},

@@ -4,7 +4,7 @@ the summary `submit --wait` prints (runs/results.summarize)."""
 import json
 
 from hpcsuite.runs.results import Results, summarize
-from hpcsuite.runs.world_change import change, describe
+from hpcsuite.runs.world_change import change, in_words
 
 
 def test_the_same_world_or_an_unrecorded_one_is_no_change():
@@ -22,15 +22,15 @@ def test_the_global_batch_before_is_the_checkpoints_own():
 
 def test_what_a_step_means_for_max_steps_and_for_epochs():
     grow = change({"world_size": 1, "batch_size": 64}, 64, 1, 4, 900, 1500)
-    assert describe(grow) == ("resumed from 1 to 4 ranks at step 900: global batch 64 -> 256 "
+    assert in_words(grow) == ("resumed from 1 to 4 ranks at step 900: global batch 64 -> 256 "
                               "samples per step; train.max_steps 1500 counts steps, so the 600 "
                               "steps left train 153600 samples, not 38400")
     shrink = change({"world_size": 4, "batch_size": 64}, 64, 1, 2, 10, None)
-    assert describe(shrink).endswith("train.epochs bounds the run, so each epoch still trains "
+    assert in_words(shrink).endswith("train.epochs bounds the run, so each epoch still trains "
                                      "every sample once, in 2x the steps it took before")
     # Fewer ranks, a larger batch each: the same global batch, nothing more to say.
     same = change({"world_size": 4, "batch_size": 32}, 64, 1, 2, 10, None)
-    assert describe(same) == "resumed from 4 to 2 ranks at step 10: global batch 128 -> 128 " \
+    assert in_words(same) == "resumed from 4 to 2 ranks at step 10: global batch 128 -> 128 " \
                              "samples per step; a step trains as many samples as before"
 
 

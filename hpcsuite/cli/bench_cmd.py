@@ -172,7 +172,7 @@ def _table(report: dict, job_id: str, run_dir: str) -> str:
     lines.append(f"alpha-beta fit, {MODEL}:")
     for key, label in (("horovod", "Horovod"), ("mpi", "MPI")):
         try:
-            lines.append(f"  {label + ':':8} {AlphaBeta.from_json(report['fit'][key]).describe()}")
+            lines.append(f"  {label + ':':8} {AlphaBeta.from_json(report['fit'][key]).in_words()}")
         except FitError as e:
             lines.append(f"  {label + ':':8} no fit: {e}")
     bar = _preflight(report, run_dir)

@@ -236,7 +236,7 @@ def logs(run, lines, follow, rank):
 
 def _check_rank(job_id: str, run_dir: Path, rank: int) -> None:
     """Refuse a rank the job does not have (its job.json says how many it runs)."""
-    from ..runtime.job_io import load_job
+    from ..runtime.rank.job_io import load_job
 
     job_file = RunDir(run_dir).job
     if not job_file.is_file():
@@ -395,8 +395,8 @@ def train(job_path):
               help="The bus bandwidth every node pair must reach (GB/s).")
 def preflight(job_path, min_busbw_gbps):
     """In-job step before training (the spec's preflight): node pairs' allreduce bandwidth and
-    each rank's GPU health; exit 2 naming what failed (hpcsuite.runtime.preflight_step)."""
-    from ..runtime.preflight_step import main as preflight_main
+    each rank's GPU health; exit 2 naming what failed."""
+    from ..runtime.checks.preflight_step import main as preflight_main
 
     raise click.exceptions.Exit(preflight_main(job_path, min_busbw_gbps))
 
@@ -407,7 +407,7 @@ def attempt():
 
 
 def _attempt_job(run_dir: str):
-    from ..runtime.job_io import load_job
+    from ..runtime.rank.job_io import load_job
 
     return load_job(str(RunDir(run_dir).job))
 

@@ -42,7 +42,7 @@ def templates():
 def list_(template_dir):
     """Every template name, the file that wins, and the ones it shadows."""
     path = _path(template_dir)
-    click.echo("search path:\n" + path.describe())
+    click.echo("search path:\n" + path.listing())
     for name in path.names():
         found = path.candidates(name)
         layer, file = found[0]

@@ -154,9 +154,9 @@ class StatusRecord(Record):
             out.append(f"  results: {r.status} at step {r.final_step}, "
                        f"{r.samples_per_s:.1f} samples/s, attempt {r.attempt}")
             if r.world_change:
-                from ..runs.world_change import describe as describe_world_change
+                from ..runs.world_change import in_words as world_change_in_words
 
-                out.append(f"  {describe_world_change(r.world_change)}")
+                out.append(f"  {world_change_in_words(r.world_change)}")
             if r.stop:
                 out.append(f"  stopped: {describe_stop(r)}")
             if len(r.attempts or []) > 1:
@@ -165,7 +165,7 @@ class StatusRecord(Record):
         out += [f"  {line}" for line in slow_rank_lines(self.progress, r)]
         out += [f"  {line}" for line in self.script_lines()]
         if self.records:
-            out.append(f"  attempts: {attempts.counts(self.records).describe()}; last: "
+            out.append(f"  attempts: {attempts.counts(self.records).in_words()}; last: "
                        f"{describe_record(self.records[-1])}")
         if self.error:
             e = self.error
@@ -316,7 +316,7 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
             entry = None                    # not ours to read: Slurm's view alone
     run_dir = Path(entry["run_dir"]) if entry and entry.get("run_dir") else None
     rd = RunDir(run_dir) if run_dir else None
-    from ..runtime.job_io import load_job
+    from ..runtime.rank.job_io import load_job
 
     # Read whenever it is there: a damaged job.json is named (exit 2), never passed over.
     job = load_job(str(rd.job)) if rd and rd.job.is_file() else None

@@ -100,7 +100,7 @@ class Counts:
     preempted: int        # preempted and time_limit: stopped with their work saved
     failed: int           # failed and lost
 
-    def describe(self) -> str:
+    def in_words(self) -> str:
         parts = [f"{self.attempts} attempt{'s' if self.attempts != 1 else ''}"]
         if self.preempted:
             parts.append(f"{self.preempted} preempted or stopped at the time limit")
@@ -168,7 +168,7 @@ def begin(run_dir: Path, job, out=print) -> int:
     budget = job.train.preemption.max_failures
     if c.failed > budget:
         out(f"hpcsuite: not starting attempt {n}: {c.failed} failed attempt(s), more than "
-            f"train.preemption.max_failures ({budget}); {c.describe()}")
+            f"train.preemption.max_failures ({budget}); {c.in_words()}")
         _append(run_dir, {"attempt": n, "outcome": "not_started",
                           "why": f"failure budget spent ({c.failed} > {budget})"})
         return 1
@@ -177,7 +177,7 @@ def begin(run_dir: Path, job, out=print) -> int:
     RunDir(run_dir).preempted.unlink(missing_ok=True)   # an earlier attempt's, never this one's
     if n:
         out(f"hpcsuite: attempt {n} of job {current().job_id}: before it, "
-            f"{c.describe()}")
+            f"{c.in_words()}")
     return 0
 
 

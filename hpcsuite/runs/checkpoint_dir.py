@@ -11,7 +11,7 @@ The directory (``train.checkpoint.dir``, else :attr:`~hpcsuite.runs.rundir.RunRo
         .tmp-step-00000060-HOST-PID/ a save under way (or killed): never read
         .trash-step-00000050-PID/    a step saved again, on its way out
 
-:mod:`hpcsuite.runtime.checkpoint` writes and verifies checkpoints with these names;
+:mod:`hpcsuite.runtime.session.checkpoint` writes and verifies checkpoints with these names;
 :mod:`.attempts` reads the newest one's manifest before a submit and for ``status``.
 """
 

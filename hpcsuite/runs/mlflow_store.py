@@ -1,6 +1,6 @@
 """A run's MLflow record (the run directory's mlflow.json) and MLflow's client for its store.
 
-Rank 0 (:mod:`hpcsuite.runtime.tracking`) writes mlflow.json: where the run logs (``uri``,
+Rank 0 (:mod:`hpcsuite.runtime.observe.tracking`) writes mlflow.json: where the run logs (``uri``,
 ``run_id``, ``experiment``, ``experiment_id``), what it was asked (``asked``: the spec's or the
 site's store) and what became of tracking in the latest attempt (``attempt``, ``state``:
 logging, ended or lost; ``fell_back``: why it logs to the run directory instead of the server
@@ -10,9 +10,10 @@ and `submit --wait` say it in one line (:func:`summary_line`), and the batch scr
 
 MLflow itself is imported only inside :func:`client_for`: by rank 0's tracking thread,
 `report`, `tracking sync` and an `attempt end` that has a run to close. MLflow 3 refuses its
-file store (in maintenance mode) unless ``MLFLOW_ALLOW_FILE_STORE`` is true; the store is
-made (and cached by MLflow) while the variable is set, and the variable is put back after,
-so a login-node command leaves its environment as it found it.
+file store (in maintenance mode) unless ``MLFLOW_ALLOW_FILE_STORE`` is true, and reads its
+HTTP client's timeouts from the environment at each request: whoever uses a client does so
+inside :func:`mlflow_environment`, which sets both and puts the environment back after, so a
+login-node command leaves its environment as it found it.
 """
 
 from __future__ import annotations
@@ -96,18 +97,21 @@ def artifact_location(uri: str) -> str | None:
 
 
 @contextlib.contextmanager
-def file_store_allowed():
-    """``MLFLOW_ALLOW_FILE_STORE=true`` while MLflow makes a store, the environment as it was
-    after (MLflow reads it when it makes a file store, and caches the store it made)."""
-    before = os.environ.get(ALLOW)
-    os.environ[ALLOW] = "true"
+def mlflow_environment():
+    """The environment MLflow reads while its client is used here: ``MLFLOW_ALLOW_FILE_STORE``
+    true, and :data:`HTTP_DEFAULTS` where the environment sets none; every variable as it was
+    after. Nests (an inner one changes nothing an outer one set)."""
+    changes = {ALLOW: "true", **{k: v for k, v in HTTP_DEFAULTS.items() if k not in os.environ}}
+    before = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ALLOW, None)
-        else:
-            os.environ[ALLOW] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def client_for(uri: str):
@@ -115,15 +119,13 @@ def client_for(uri: str):
     importing mlflow here."""
     if is_file_uri(uri):
         file_path(uri).mkdir(parents=True, exist_ok=True)
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
     from mlflow.tracking import MlflowClient
 
-    with file_store_allowed():
+    with mlflow_environment():       # MLflow makes (and caches) a file store only while allowed
         return MlflowClient(tracking_uri=uri)
 
 
-def describe(e: BaseException) -> str:
+def failure_line(e: BaseException) -> str:
     """An MLflow failure in one line: its type and first line (an ImportError of mlflow also
     says what to install)."""
     first = str(e).splitlines()[0] if str(e) else ""
@@ -231,13 +233,14 @@ def close_run(run_dir: Path, attempt: int, outcome: str, requeued: bool = False,
         unreachable = server_unreachable(uri)
         if unreachable:
             return f"hpcsuite: MLflow run {run_id} left as it was: {unreachable}"
-        client = client_for(uri)
-        from mlflow.entities import RunTag
+        with mlflow_environment():
+            client = client_for(uri)
+            from mlflow.entities import RunTag
 
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-        client.set_terminated(run_id, status)
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            client.set_terminated(run_id, status)
     except Exception as e:  # noqa: BLE001 - the attempt's record matters more than MLflow's
-        return f"hpcsuite: MLflow run {run_id} left as it was: {describe(e)}"
+        return f"hpcsuite: MLflow run {run_id} left as it was: {failure_line(e)}"
     lost = record.get("state") == "lost" and record.get("attempt") == attempt
     update_record(path, status=status, closed_by="attempt end",
                   **({} if lost else {"attempt": attempt, "state": "ended"}))  # a loss stays said
@@ -269,9 +272,10 @@ def add_plots(run_dir: Path, plots: list[Path]) -> str | None:
     if not record.get("run_id") or not plots:
         return None
     try:
-        client = client_for(record["uri"])
-        for path in plots:
-            client.log_artifact(record["run_id"], str(path), "report")
+        with mlflow_environment():
+            client = client_for(record["uri"])
+            for path in plots:
+                client.log_artifact(record["run_id"], str(path), "report")
     except Exception as e:  # noqa: BLE001 - the plots are drawn; say why MLflow has none
-        return f"MLflow: plots not added to run {record['run_id']} ({describe(e)})"
+        return f"MLflow: plots not added to run {record['run_id']} ({failure_line(e)})"
     return f"MLflow: {len(plots)} plots added to run {record['run_id']} at {record['uri']}"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .mlflow_store import (artifact_location, client_for, describe, local_uri, read_record,
-                           server_unreachable)
+from .mlflow_store import (artifact_location, client_for, failure_line, local_uri,
+                           mlflow_environment, read_record, server_unreachable)
 from .rundir import RunDir
 
 SOURCE_TAG = "hpcsuite.source_run_id"
@@ -81,17 +81,18 @@ def target_uri(to: str) -> str:
 def sync(run_dirs: list[Path], to: str) -> list[Synced]:
     """Each run directory's MLflow run copied into ``to`` (see the module's doc)."""
     to = target_uri(to)
-    try:
-        target = client_for(to)
-    except Exception as e:  # noqa: BLE001 - MLflow's own failure, said in one line
-        raise UserError(f"--to {to}: {describe(e)}") from None
-    out = []
-    for run_dir in run_dirs:
+    with mlflow_environment():
         try:
-            out.append(sync_run(Path(run_dir), target, to))
-        except Exception as e:  # noqa: BLE001 - one run's failure must not hide the others
-            out.append(Synced(str(run_dir), read_record(RunDir(run_dir).mlflow).get("run_id"),
-                              error=describe(e)))
+            target = client_for(to)
+        except Exception as e:  # noqa: BLE001 - MLflow's own failure, said in one line
+            raise UserError(f"--to {to}: {failure_line(e)}") from None
+        out = []
+        for run_dir in run_dirs:
+            try:
+                out.append(sync_run(Path(run_dir), target, to))
+            except Exception as e:  # noqa: BLE001 - one run's failure must not hide the others
+                out.append(Synced(str(run_dir), read_record(RunDir(run_dir).mlflow).get("run_id"),
+                                  error=failure_line(e)))
     return out
 
 

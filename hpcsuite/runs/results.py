@@ -315,7 +315,7 @@ def _metrics_line(metrics: dict) -> str:
 
 
 def summarize(run_dir: str | Path) -> str:
-    from .world_change import describe as describe_world_change
+    from .world_change import in_words as world_change_in_words
 
     run_dir = Path(run_dir)
     r = Results.load(RunDir(run_dir).results)
@@ -333,7 +333,7 @@ def summarize(run_dir: str | Path) -> str:
         f"  {describe_loss(r)}",
         *([f"  {describe_eval(r.last_eval)}"] if r.last_eval else []),
         *([f"  script metrics: {_metrics_line(r.metrics)}"] if set(r.metrics) - {"loss"} else []),
-        *([f"  {describe_world_change(r.world_change)}"] if r.world_change else []),
+        *([f"  {world_change_in_words(r.world_change)}"] if r.world_change else []),
         *([f"  parameters: {same}"] if same else []),
         *([f"  checkpoints: {len(r.checkpoints)} saved, last {r.checkpoints[-1]['path']}"]
           if r.checkpoints else []),

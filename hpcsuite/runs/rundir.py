@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "HPCSUITE_RUN_DIR"      # the batch script exports the run directory to every rank
-NODE_PRIVATE_SHM = "HPCSUITE_NODE_PRIVATE_SHM"   # where each node gets its own MPI segments (runtime/shm.py)
+NODE_PRIVATE_SHM = "HPCSUITE_NODE_PRIVATE_SHM"   # where each node gets its own MPI segments (runtime/rank/shm.py)
 NODE_SHM_VARIABLE = "HPCSUITE_NODE_SHM_VARIABLE"   # the MPI's variable for it, when not Open MPI 4's
 SHELL_ATTEMPT = "${SLURM_RESTART_COUNT:-0}"   # the attempt number, as the batch shell reads it
 SHELL_PID = "$$"              # the batch shell's process id: its staged files are its own

@@ -1,7 +1,7 @@
 """What each rank of a script-mode job saw of its script once it returned: whether it ran
 through ``hpcsuite.api`` (a Run), and the world Horovod (or MPI) gave it.
 
-``hpcsuite train`` (:mod:`hpcsuite.runtime.script`) writes one word per rank and attempt,
+``hpcsuite train`` (:mod:`hpcsuite.runtime.script.script`) writes one word per rank and attempt,
 ``script/attempt-N/rank-R.json``; ``status``, ``submit --wait`` and ``report`` read them to say
 what a job's results.json cannot: a script that records nothing through hpcsuite.api (its
 output is its log), and ranks that each trained alone as a world of one because the script

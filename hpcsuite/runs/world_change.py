@@ -6,7 +6,7 @@ continues exactly), but one optimizer step then trains another number of samples
 batch is batch per rank x accumulation x ranks. ``train.max_steps`` counts steps, so the same
 limit now trains more or fewer samples; ``train.epochs`` counts samples, so an epoch now takes
 more or fewer steps. Rank 0 says so in the job's log when it resumes (:func:`change`), and
-results.json keeps the record, which ``status`` and ``submit --wait`` show (:func:`describe`).
+results.json keeps the record, which ``status`` and ``submit --wait`` show (:func:`in_words`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def change(manifest: dict, batch_size: int, grad_accumulation: int, size: int,
             "max_steps": max_steps}
 
 
-def describe(c: dict) -> str:
+def in_words(c: dict) -> str:
     """The change in words: ranks, global batch, and what a step now means for the run's
     length."""
     before, after, max_steps = c["global_batch_before"], c["global_batch_after"], c.get("max_steps")

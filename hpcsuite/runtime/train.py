@@ -1,7 +1,7 @@
 """`hpcsuite train`: what every rank runs inside the job.
 
 In order: catch the preemption signals (before the seconds of importing a framework), read the
-job, then either the managed loop (:mod:`.loop`) or the user's own script (script mode, with
+job, then either the managed loop (:mod:`hpcsuite.runtime.session.loop`) or the user's own script (script mode, with
 :mod:`hpcsuite.api`). A mistake in user code ends this rank at once with the user's traceback,
 printed by the first rank that fails (the others say one line), so the launcher ends the whole
 job in seconds instead of it waiting for a collective until the walltime.
@@ -21,25 +21,19 @@ from ..runs.results import mark_failed
 from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
 from ..world import World, current
-from . import failwatch, netwatch, startup
-from .job_io import hostname, load_job, publish
-from .monitor import end_all
-from .placement import place
-from .shm import private_shm
-from .signals import FLAG, announce_ready
-from .userframes import user_site, user_traceback
+from .observe import failwatch, netwatch
+from .frameworks.managed import make_backend
+from .rank import startup
+from .rank.job_io import hostname, load_job, publish
+from .observe.monitor import end_all
+from .rank.placement import place
+from .rank.shm import private_shm
+from .rank.signals import FLAG, announce_ready
+from .rank.userframes import user_site, user_traceback
 
 log = logging.getLogger(__name__)
 
 NETWORK_EXIT = 1     # a node lost its network: a failure like a crash (max_failures requeues it)
-
-
-def make_backend(job: JobSpec):
-    if job.train.backend == "tensorflow":
-        from .tf_backend import TensorFlowBackend
-        return TensorFlowBackend(job)
-    from .torch_backend import TorchBackend
-    return TorchBackend(job)
 
 
 def main(job_path: str) -> None:
@@ -53,12 +47,12 @@ def main(job_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
-    watch_startup(job, run_dir, world)   # the clock of train.startup_timeout_seconds starts
+    watch = watch_startup(job, run_dir, world)   # train.startup_timeout_seconds' clock starts
     # Another rank's failure ends this one at once: nothing is left to save, and the launcher
-    # would take 10 s more to kill a rank waiting in an allreduce (runtime/failwatch.py).
+    # would take 10 s more to kill a rank waiting in an allreduce (runtime/observe/failwatch.py).
     failwatch.watch(run_dir, rank, world.attempt)
     # A node that lost its network: named in seconds, not at Slurm's node timeout or the time
-    # limit, while every rank waits in an allreduce (runtime/netwatch.py).
+    # limit, while every rank waits in an allreduce (runtime/observe/netwatch.py).
     netwatch.watch(run_dir, rank, world.attempt, world.node,
                    lambda text: fail(run_dir, rank, text, code=NETWORK_EXIT))
     try:
@@ -72,10 +66,10 @@ def main(job_path: str) -> None:
         log.info("%s", shm)
     try:
         if job.train.script:
-            from .script import run_script
-            run_script(job, run_dir)
+            from .script.script import run_script
+            run_script(job, run_dir, watch)
         else:
-            run_managed(job, run_dir)
+            run_managed(job, run_dir, watch)
     except UserError as e:
         fail(run_dir, rank, f"error: {e}", code=2)
     except SystemExit as e:   # the user's script called sys.exit
@@ -85,18 +79,21 @@ def main(job_path: str) -> None:
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
         fail(run_dir, rank, user_traceback(e), code=1,
              key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e), exc=e)
-    startup.end()
+    watch.stop()             # stepped or not, training is over: nothing left to watch
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 
-def watch_startup(job: JobSpec, run_dir: Path, world: World) -> None:
-    """End the job, naming where the ranks stopped, when this rank trains no step within
-    train.startup_timeout_seconds (:mod:`.startup`); 0: no watch."""
+def watch_startup(job: JobSpec, run_dir: Path, world: World):
+    """This rank's startup watch, started: it ends the job, naming where the ranks stopped,
+    when this rank trains no step within train.startup_timeout_seconds
+    (:mod:`hpcsuite.runtime.rank.startup`); 0: the null watch. The backend and the session are
+    handed it."""
     seconds = job.train.startup_timeout_seconds
-    if seconds:
-        startup.begin(startup.StartupWatch(seconds, run_dir, world.rank, world.size, world.attempt,
-                                    lambda text: fail(run_dir, world.rank, text, code=1),
-                                    script=bool(job.train.script)))
+    if not seconds:
+        return startup.OFF
+    return startup.StartupWatch(seconds, run_dir, world.rank, world.size, world.attempt,
+                                lambda text: fail(run_dir, world.rank, text, code=1),
+                                script=bool(job.train.script)).start()
 
 
 RANK_LOG = "hpcsuite-rank-log"   # the name of this rank's log handler on the root logger
@@ -118,14 +115,14 @@ def rank_log(run_dir: Path, rank: int, log_format: str) -> None:
     log.info("attempt %s on %s", attempt_number(), hostname())
 
 
-def run_managed(job: JobSpec, run_dir: Path) -> None:
-    from .loop import Trainer
+def run_managed(job: JobSpec, run_dir: Path, watch=startup.OFF) -> None:
+    from .session.loop import Trainer
 
-    backend = make_backend(job)
+    backend = make_backend(job, watch)
     # No shutdown on an error: the failing rank reports first (fail()), then ends; shutting
     # Horovod down before that would fail the other ranks' collectives with Horovod's own
     # traceback ahead of the real error.
-    trainer = Trainer(job, run_dir, backend)
+    trainer = Trainer(job, run_dir, backend, watch=watch)
     per_rank, results = trainer.run()
     # Recorded before Horovod shuts down: when Slurm ends the job (scontrol requeue, a
     # preemption without the warning signal) mpirun takes SIGTERM too and exits at once, and
@@ -212,7 +209,7 @@ def raised_line(exc: BaseException) -> str:
 
 def known_hint(exc: BaseException) -> str | None:
     """Where the docs answer a known failure of users' scripts, or None."""
-    from .script_hints import hint
+    from .script.script_hints import hint
 
     return hint(raised_line(exc))
 

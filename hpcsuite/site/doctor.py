@@ -207,7 +207,7 @@ def check_fabric(profile: SiteProfile) -> Check:
                      "latency} from `hpcsuite bench allreduce --nodes 2`); until then jobs give "
                      "min_busbw_gbps in GB/s")
     source = getattr(profile.fabric, "source", None)
-    return Check("fabric", PASS, f"{fabric.describe()}" + (f" ({source})" if source else "")
+    return Check("fabric", PASS, f"{fabric.in_words()}" + (f" ({source})" if source else "")
                  + f"; preflight.fabric min_busbw_gbps: site asks "
                  f"{fabrics.preflight_bar_GBps(profile.fabric):g} GB/s busbw of each node "
                  f"pair ({fabrics.PREFLIGHT_SHARE:.0%})")

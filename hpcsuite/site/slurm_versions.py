@@ -15,7 +15,7 @@ FAMILIES = {"openmpi": ("openmpi", "mpirun"), "openmpi5": ("openmpi", "mpirun"),
 NAMES = {"openmpi": "Open MPI", "mpich": "MPICH", "intelmpi": "Intel MPI"}
 
 
-def describe(facts: SlurmFacts) -> str:
+def slurm_line(facts: SlurmFacts) -> str:
     c = facts.config
     return (f"Slurm {facts.name}; PreemptMode {c.get('PreemptMode', '?')}, TaskPlugin "
             f"{c.get('TaskPlugin', '?')}, MpiDefault {c.get('MpiDefault', '?')}")
@@ -41,7 +41,7 @@ def judge_slurm(version: tuple[int, str], config: tuple[int, str],
     note = pmix_topology_note(facts)
     if note and not any("PMIx" in said for said, _ in warnings):
         warnings.append((note, ""))
-    seen = f"{describe(facts)}; the profile's scripts ({', '.join(sorted(scripts)) or 'none'})"
+    seen = f"{slurm_line(facts)}; the profile's scripts ({', '.join(sorted(scripts)) or 'none'})"
     if errors or warnings:
         found = errors or warnings
         return ("fail" if errors else "warn"), f"{seen}: " + "; ".join(s for s, _ in found), \

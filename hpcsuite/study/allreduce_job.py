@@ -1,5 +1,5 @@
 """The allreduce benchmark's job, built on the login node: one script-mode job spec whose
-``train.script`` is the rank program, :mod:`hpcsuite.runtime.allreduce_bench`, run on every
+``train.script`` is the rank program, :mod:`hpcsuite.runtime.checks.allreduce_bench`, run on every
 rank. Used by `hpcsuite bench allreduce` and by a study's benchmark points.
 
 The rank program is named by its path, not imported: it is compute-node code (mpi4py,
@@ -13,7 +13,7 @@ from pathlib import Path
 from ..allreduce_sizes import DEFAULT_BUDGET_S
 
 NAME = "allreduce-bench"
-SCRIPT = Path(__file__).resolve().parent.parent / "runtime" / "allreduce_bench.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "runtime" / "checks" / "allreduce_bench.py"
 
 
 def job_spec(sizes: list[int] | None, nodes: int, tasks_per_node: int, output_dir: str,

@@ -374,7 +374,7 @@ def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fa
     if best is not None and gains[best] < HELPS:
         best = None
     below = next((r["nodes"] for r in series["current"] if r["efficiency"] < threshold), None)
-    return {"fabric": fabric.describe(), "gpus_per_node": gpus_per_node,
+    return {"fabric": fabric.in_words(), "gpus_per_node": gpus_per_node,
             "workload": {"gradient_bytes": workload.gradient_bytes,
                          "step_ms": workload.step_s * 1000, "batch": workload.batch,
                          "backward_fraction": workload.backward_fraction,

@@ -3,7 +3,7 @@ file's dataset names, shapes and dtypes, an npy directory's shard headers. Nothi
 beyond metadata (h5py and numpy's .npy header reader are imported only for a job that has
 such data), and a path this machine cannot see is left to the ranks, with a warning.
 
-The ranks check the same and more when they open the data (:mod:`hpcsuite.runtime.data`);
+The ranks check the same and more when they open the data (:mod:`hpcsuite.runtime.input.data`);
 here each problem is found before the queue wait, naming the spec key it is about."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..errors import count
 from .lint import Finding
 from .spec import Data, JobSpec
 
-SHARD = re.compile(r"^(inputs|labels)-(\d+)\.npy$")   # runtime/data.py's layout
+SHARD = re.compile(r"^(inputs|labels)-(\d+)\.npy$")   # runtime/input/data.py's layout
 _LISTED = 12     # datasets named in an error, at most
 
 

@@ -314,7 +314,7 @@ def build_findings(job: JobSpec, base: Path | None = None) -> list[Finding]:
         if os.geteuid() == 0:   # Open MPI refuses root unless told; no other account is told
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         # Through the one module that runs programs (argv, timeout: a hang is one line, exit 2).
-        done = slurm.call([sys.executable, "-m", "hpcsuite.runtime.lint_build", str(path)],
+        done = slurm.call([sys.executable, "-m", "hpcsuite.runtime.checks.lint_build", str(path)],
                           cwd=str(base or Path.cwd()), env=env, timeout=BUILD_TIMEOUT, check=False)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith('{"findings"'):

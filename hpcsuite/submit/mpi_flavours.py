@@ -41,7 +41,7 @@ class Flavour:
     family: ClassVar[str] = "Open MPI"
     command: ClassVar[str] = "mpirun"           # its own launcher (launcher: mpirun)
     srun_mpi: ClassVar[str] = "pmix"            # srun --mpi unless the profile says
-    # Open MPI's shared-memory directory variable (runtime/shm.py sets it per node)
+    # Open MPI's shared-memory directory variable (runtime/rank/shm.py sets it per node)
     shm_backing: ClassVar[str | None] = "OMPI_MCA_btl_vader_backing_directory"
 
     def mpirun(self, ctx) -> list[object]:
@@ -86,7 +86,7 @@ class Flavour:
         if job.resources.cpus_per_task < 2 and "mpi_yield_when_idle" not in mpi.mca:
             env["OMPI_MCA_mpi_yield_when_idle"] = "1"
         env.update(self.kill_timeout(mpi))
-        if mpi.nodes_share_host:   # each node's ranks their own segments (runtime/shm.py)
+        if mpi.nodes_share_host:   # each node's ranks their own segments (runtime/rank/shm.py)
             env[rundir.NODE_PRIVATE_SHM] = "/dev/shm"
             if self.shm_backing != Flavour.shm_backing:
                 env[rundir.NODE_SHM_VARIABLE] = self.shm_backing

@@ -1,6 +1,6 @@
 """The job's preflight step as the batch script runs it: its command line, and the bus bandwidth
 each node pair must reach (``preflight.fabric.min_busbw_gbps``, or the site's share of its
-fabric). The ranks' side is :mod:`hpcsuite.runtime.preflight_step`."""
+fabric). The ranks' side is :mod:`hpcsuite.runtime.checks.preflight_step`."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ class SearchPath(Record):
         return [(layer, d / f"{name}{SUFFIX}") for layer, d in self.dirs
                 if _is(d / f"{name}{SUFFIX}", "is_file")]
 
-    def describe(self) -> str:
+    def listing(self) -> str:
         return "\n".join(f"{i}. {layer:8} {d}{'' if _is(d, 'is_dir') else '  (absent)'}"
                          for i, (layer, d) in enumerate(self.dirs, 1))
 

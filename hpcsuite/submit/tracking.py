@@ -7,7 +7,7 @@ or a plain path), a tracking server (``http(s)://HOST[:PORT]``) or a SQLite data
 a shared filesystem is not to be trusted, so the default stays the file store, which
 ``hpcsuite tracking sync`` copies into a server or database). Other databases are refused here
 rather than on rank 0 hours later (their drivers are not installed). Rank 0 does the logging
-(:mod:`hpcsuite.runtime.tracking`); :func:`tracking_findings` warns when the job's Python has
+(:mod:`hpcsuite.runtime.observe.tracking`); :func:`tracking_findings` warns when the job's Python has
 no mlflow.
 """
 

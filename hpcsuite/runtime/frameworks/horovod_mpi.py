@@ -1,0 +1,102 @@
+"""Whether the Horovod a rank imported links the MPI its site profile names (``mpi.flavour``).
+
+Horovod links one MPI library when it is built. A rank whose Horovod links another MPI than
+the one whose launcher started it does not join the job's world: Open MPI's library started by
+MPICH's mpiexec (or the other way round) initialises as a world of one and trains alone, and
+Open MPI 4.1's library under Open MPI 5's daemons fails in its PMIx handshake. So each rank
+checks before ``hvd.init()``: it asks the MPI library its Horovod loaded for its version
+(``MPI_Get_library_version`` may be called before ``MPI_Init``) and stops with one line naming
+the profile key and the fix. It is checked here rather than at submit because only the rank
+sees the library its job's environment (modules, the profile's setup lines) resolves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+from pathlib import Path
+
+from ...errors import UserError
+
+# flavour -> (the family MPI_Get_library_version names, does this major version fit, in words)
+FAMILIES = {
+    "openmpi": ("Open MPI", lambda major: major < 5, "Open MPI 4.x"),
+    "openmpi5": ("Open MPI", lambda major: major >= 5, "Open MPI 5"),
+    "mpich": ("MPICH", lambda major: True, "MPICH"),
+    "intelmpi": ("Intel(R) MPI", lambda major: True, "Intel MPI"),
+}
+
+
+def loaded_libmpi(maps: str | None = None) -> str | None:
+    """The MPI library this process has loaded (the first ``libmpi.so*`` in /proc/self/maps)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and re.fullmatch(r".*/libmpi\.so(\.\d+)*", fields[5].strip()):
+            return fields[5].strip()
+    return None
+
+
+def library_version(path: str) -> str | None:
+    """The first line of ``MPI_Get_library_version`` of the library at ``path``."""
+    try:
+        get = ctypes.CDLL(path).MPI_Get_library_version
+    except (OSError, AttributeError):
+        return None
+    buf, length = ctypes.create_string_buffer(8192), ctypes.c_int(0)
+    if get(buf, ctypes.byref(length)) != 0:
+        return None
+    return buf.value.decode(errors="replace").strip().splitlines()[0].strip()
+
+
+def mismatch(flavour: str, version: str) -> str | None:
+    """Why a library saying ``version`` is not the ``flavour``'s MPI (None: it is)."""
+    if flavour not in FAMILIES:
+        return None
+    family, fits, words = FAMILIES[flavour]
+    if not version.startswith(family) or (family == "MPICH" and "Intel" in version):
+        return f"not {words}"
+    found = re.search(r"(\d+)\.\d+", version)
+    if found and not fits(int(found.group(1))):
+        return f"not {words}"
+    return None
+
+
+def profile_flavour(run_dir: str | None) -> str | None:
+    """The ``mpi.flavour`` of the site profile the job was submitted with (its run directory's
+    profile.json); None when it cannot be read (a job started by hand)."""
+    from ...runs.rundir import RunDir
+
+    if not run_dir:
+        return None
+    try:
+        return json.loads(RunDir(run_dir).profile.read_text())["mpi"]["flavour"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check(run_dir: str | None, horovod_file: str | None = None) -> None:
+    """Refuse to start when the MPI library this rank's Horovod loaded is not the profile's.
+
+    Call it after ``import horovod.<framework>`` (which loads Horovod's MPI library) and before
+    ``hvd.init()``. Nothing is said when the flavour or the library cannot be known."""
+    flavour = profile_flavour(run_dir)
+    path = loaded_libmpi()
+    if flavour is None or path is None:
+        return
+    version = library_version(path)
+    why = mismatch(flavour, version) if version else None
+    if why is None:
+        return
+    words = FAMILIES[flavour][2]
+    where = f" ({Path(horovod_file).parent})" if horovod_file else ""
+    raise UserError(
+        f"mpi.flavour: {flavour} (the site profile), but this rank's Horovod{where} links "
+        f"{version.split(',')[0]} at {path}, {why}: build Horovod against {words} into the "
+        f"profile's python (scripts/setup.sh --mpi {flavour} on the local cluster), or set "
+        "mpi.flavour and python to an MPI and interpreter that go together")

@@ -1,0 +1,212 @@
+"""End the attempt in seconds when a node loses its network, naming the node.
+
+A node whose link goes down leaves every rank waiting in an allreduce that cannot complete:
+TCP retransmits for a quarter of an hour before MPI sees an error, Horovod's stall check says
+nothing (every rank did submit its tensors), and Slurm cancels the job only once it declares
+the node down (``SlurmdTimeout``), as a node failure that looks like any other TERM. So each
+rank runs this watch: a listener that answers TCP connections on every address of its node,
+published in the run directory, and a thread that, once no training step has ended for
+:func:`stall_seconds`, tries every other node's listener and the Slurm controller
+(``scontrol ping``). A node no peer reaches is named in the attempt's FAILED marker, with what
+was seen; the batch script then ends the launcher and ``attempt end`` records the failure (a
+requeue within ``train.preemption.max_failures``, or a resubmit, resumes from the last
+checkpoint once the link is back). A rank whose own node reaches neither its peers nor the
+controller names its own node. A stall with every node answering is not a network fault: said
+once in the rank's log, and left to Horovod's stall check and the time limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from ...runs.results import write_json_atomic
+from ...runs.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+MIN_STALL_SECONDS = 20.0   # no step for this long (at least) before looking at the network
+STEP_FACTOR = 20           # ... or this many typical steps, whichever is longer
+PROBE_SECONDS = 3.0        # a node's listener that does not accept within this: unreachable
+CONTROLLER_SECONDS = 5.0   # scontrol ping's bound
+TICK = 2.0
+
+_beats: list[float] = []   # when the last steps ended (monotonic), the newest last
+_lock = threading.Lock()
+
+
+def beat() -> None:
+    """A training step ended (the loops call it once per optimizer step)."""
+    with _lock:
+        _beats.append(time.monotonic())
+        del _beats[:-64]
+
+
+def stall_seconds(beats: list[float]) -> float:
+    """How long without a step is a stall: :data:`STEP_FACTOR` typical steps, at least
+    :data:`MIN_STALL_SECONDS`."""
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    typical = statistics.median(gaps) if gaps else 0.0
+    return max(MIN_STALL_SECONDS, STEP_FACTOR * typical)
+
+
+def node_addresses() -> list[str]:
+    """This node's IPv4 addresses other than loopback (psutil: every interface)."""
+    import psutil
+
+    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                   if a.family == socket.AF_INET and not a.address.startswith("127.")})
+
+
+def listen(record: Path, rank: int, node: str) -> socket.socket:
+    """A listener on every address of this node that accepts and closes, recorded in
+    ``record`` for the other ranks."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+                conn.close()
+            except OSError:
+                return
+
+    threading.Thread(target=serve, name="hpcsuite-net-listener", daemon=True).start()
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(record, {"rank": rank, "node": node, "port": server.getsockname()[1],
+                               "addrs": node_addresses()})
+    return server
+
+
+def peers(run_dir: Path, attempt: int, node: str) -> dict[str, dict]:
+    """One record per other node (its lowest rank's)."""
+    out: dict[str, dict] = {}
+    for path in sorted(RunDir(run_dir).startup(attempt).glob("net-*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("node") != node and rec.get("node") not in out:
+            out[rec["node"]] = rec
+    return out
+
+
+def answers(rec: dict, timeout: float = PROBE_SECONDS) -> str | None:
+    """None when one of the peer's addresses accepts a connection; else what happened."""
+    said = []
+    for addr in rec.get("addrs") or []:
+        try:
+            with socket.create_connection((addr, rec["port"]), timeout=timeout):
+                return None
+        except socket.timeout:
+            said.append(f"{addr}:{rec['port']} timed out after {timeout:.0f} s")
+        except OSError as e:
+            said.append(f"{addr}:{rec['port']} {e.strerror or e}")
+    return "; ".join(said) or "no address recorded"
+
+
+def baseline(others: dict[str, dict]) -> dict[str, dict]:
+    """The peers whose port answers while training runs: the ones a stall can be judged by. A
+    port that does not (a firewall between the nodes) is said once and not watched, so that a
+    stall of another kind is never taken for a network fault."""
+    kept = {}
+    for name, rec in others.items():
+        why = answers(rec)
+        if why is None:
+            kept[name] = rec
+        else:
+            log.warning("network watch: %s's port does not answer from here while training "
+                        "runs (%s; a firewall between the nodes?): its network is not watched",
+                        name, why)
+    return kept
+
+
+def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
+    """Whether the Slurm controller answers ``scontrol ping`` from here (None: cannot tell)."""
+    from ... import slurm
+    from ...errors import UserError
+
+    try:
+        done = slurm.call(["scontrol", "ping"], timeout=timeout, env=dict(os.environ),
+                          check=False)
+    except slurm.TimedOut:
+        return False
+    except UserError:            # no scontrol here, or a slurm.conf it cannot read
+        return None
+    return " is UP" in done.stdout
+
+
+def verdict(node: str, idle: float, unreachable: dict[str, str],
+            controller: bool | None) -> tuple[list[str], str]:
+    """(the nodes that lost their network, the failure's text) from what this node saw."""
+    seen = "; ".join(f"{n}: {why}" for n, why in sorted(unreachable.items()))
+    ctl = {True: "answers", False: "does not answer", None: "could not be asked"}[controller]
+    if all("refused" in why.lower() for why in unreachable.values()):
+        # the node answered, with a refusal: its network is up, the rank's process is gone
+        cut = sorted(unreachable)
+        where = (f"the ranks on {', '.join(cut)} are gone (the node answers, but their watch's "
+                 "port refuses connections: the process ended or was killed)")
+    else:
+        cut = [node] if controller is False else sorted(unreachable)
+        where = "network: " + (
+            f"{node} itself lost its network (it reaches none of its peers and the Slurm "
+            "controller does not answer it)" if cut == [node] else
+            f"{', '.join(cut)} unreachable from {node} (the Slurm controller {ctl} here)")
+    text = (f"error: {where}; no training step for {idle:.0f} s: the ranks stalled in "
+            "the allreduce (Horovod's stall check stays silent while every rank waits in MPI, "
+            "and MPI's TCP retries run for minutes); "
+            f"tried from {node}: {seen}\n"
+            "error: the last checkpoint is kept: once the link is back, resubmit the same "
+            "spec (or allow train.preemption.max_failures) to resume from it")
+    return cut, text
+
+
+def watch(run_dir: Path, rank: int, attempt: int, node: str, fail: Callable[[str], None],
+          stop: threading.Event | None = None) -> threading.Thread | None:
+    """Start the listener and the watch for this rank; ``fail(text)`` ends the attempt,
+    ``stop`` (tests) ends the watch."""
+    stop = stop or threading.Event()
+    try:
+        listen(RunDir(run_dir).net_peer(attempt, rank), rank, node)
+    except (OSError, ImportError) as e:
+        log.warning("network watch off: %s", e)
+        return None
+
+    def run() -> None:
+        told, watched = False, None
+        while not stop.wait(TICK):
+            with _lock:
+                beats = list(_beats)
+            if not beats:
+                continue                   # not training yet: the startup watch's time
+            if watched is None:            # a step ended: every rank has published its port
+                watched = baseline(peers(run_dir, attempt, node))
+                continue
+            idle = time.monotonic() - beats[-1]
+            if idle < stall_seconds(beats):
+                told = False
+                continue
+            unreachable = {n: why for n, rec in watched.items()
+                           if (why := answers(rec)) is not None}
+            if not unreachable:
+                if not told:
+                    log.info("no training step for %.0f s, and every node answers (%s): "
+                             "not a network fault", idle, ", ".join(watched) or "one node")
+                    told = True
+                continue
+            _, text = verdict(node, idle, unreachable, controller_answers())
+            fail(text)
+            return
+
+    thread = threading.Thread(target=run, name="hpcsuite-network-watch", daemon=True)
+    thread.start()
+    return thread
