@@ -57,9 +57,15 @@ class Group(click.Group):
             ctx.exit(INTERNAL_ERROR)
 
 
-# Commands whose modules are imported only when asked for: `render` and `submit` on a login
-# node pay for the commands they run, not for studies, sweeps, benchmarks or the local cluster.
-LAZY_COMMANDS = {"bench": "bench_cmd", "cluster": "cluster_cmd", "config": "config_cmd",
+# Every command's module, imported only when the command is named: `render` and `submit` on a
+# login node pay for the command they run, not for the others (`--help` and completion import
+# them all to list them).
+LAZY_COMMANDS = {"render": "submit_cmd", "submit": "submit_cmd",
+                 "status": "runs_cmd", "runs": "runs_cmd", "logs": "runs_cmd",
+                 "report": "runs_cmd", "cancel": "runs_cmd",
+                 "doctor": "doctor_cmd",
+                 "train": "job_cmd", "preflight": "job_cmd", "attempt": "job_cmd",
+                 "bench": "bench_cmd", "cluster": "cluster_cmd", "config": "config_cmd",
                  "lint": "templates_cmd", "study": "study_cmd", "sweep": "sweep_cmd",
                  "templates": "templates_cmd",
                  "tracking": "tracking_cmd"}
@@ -178,8 +184,6 @@ set_option = click.option(
     help="Override one job key, e.g. --set resources.nodes=2 --set env.NCCL_DEBUG=INFO "
          "(the last and strongest layer).")
 
-
-from . import commands  # noqa: E402,F401  (registers the everyday commands; LAZY_COMMANDS the rest)
 
 
 @main.command()
