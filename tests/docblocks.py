@@ -1,4 +1,4 @@
-"""The example blocks of the user docs (docs/user/*.md), and what checks each one.
+"""The example blocks of the user docs (docs/user/*.md, docs/howto/*.md), and what checks each one.
 
 A ```yaml block is a whole file, linted against the local cluster's site profile, unless the
 HTML comment on the line before it says otherwise:
@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DOCS = REPO / "docs" / "user"
+HOWTO_DOCS = REPO / "docs" / "howto"     # the task pages: checked the same way
 MARKER = re.compile(r"<!--\s*docs-check:\s*([a-z-]+)\s*-->")
 KINDS = ("file", "fragment", "alternatives")
 
@@ -50,9 +51,10 @@ class Block:
 
 
 def blocks(pages: list[Path] | None = None) -> list[Block]:
-    """Every fenced block with a language of ``pages`` (default: docs/user/*.md)."""
+    """Every fenced block with a language of ``pages`` (default: docs/user/*.md and
+    docs/howto/*.md)."""
     out = []
-    for page in pages or sorted(USER_DOCS.glob("*.md")):
+    for page in pages or sorted(USER_DOCS.glob("*.md")) + sorted(HOWTO_DOCS.glob("*.md")):
         lines = page.read_text(encoding="utf-8").splitlines()
         i = 0
         while i < len(lines):
