@@ -128,7 +128,8 @@ def hpcsuite_problems(argv: list[str], group) -> list[str]:
     path = ["hpcsuite"]
     while isinstance(command, click.Group) and words and not words[0].startswith("-"):
         names = words[0].split("|")
-        found = [command.commands.get(n) for n in names]
+        # get_command: the CLI imports a command's module when it is named (cli.LAZY_COMMANDS)
+        found = [command.get_command(click.Context(command), n) for n in names]
         if None in found:
             missing = [n for n, c in zip(names, found) if c is None]
             return [f"{' '.join(path)} has no command {', '.join(missing)}"]
