@@ -18,6 +18,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class UserRef:
+    """A FILE.py:function or package.module:function reference from a spec."""
     text: str            # as written in the spec
     file: str | None     # "models/net.py" for FILE.py:function
     module: str | None   # "mypkg.nets" for package.module:function

@@ -26,6 +26,7 @@ def _log():
 
 @record
 class Submitted(Record):
+    """A job sbatch accepted: its id, run directory and script."""
     job_id: str
     run_dir: str                      # a job array's: the run root its elements' runs go in
     script_path: str

@@ -47,6 +47,7 @@ APPENDED = ("modules", "module_paths", "setup")
 
 @record
 class Layer(Record):
+    """One configuration layer: its name, file and partial job spec."""
     name: str                 # builtin, site, user, project, spec, set
     source: str               # the file (or "--set")
     job: dict                 # validated partial job spec
@@ -60,6 +61,7 @@ class Layer(Record):
 
 @record
 class Resolved(Record):
+    """The job and site profile after every layer, and which layer set each key."""
     job: JobSpec
     profile: SiteProfile
     origins: dict[str, str]   # dotted key -> layer label ("job.resources.nodes": "spec (x.yaml)")
@@ -93,6 +95,7 @@ def is_locked(key: str, locks: Iterable[str]) -> bool:
 
 @record
 class SiteLocation(Record):
+    """Where the site's profile and templates are, and whether the profile is pinned."""
     profile: Path | None   # the site profile file in force, if any
     dir: Path              # the site directory (its templates/ are on the search path)
     pinned: bool

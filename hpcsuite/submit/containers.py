@@ -100,6 +100,7 @@ def problems(job: JobSpec, site: ContainerSite) -> list[tuple[str, str]]:
 
 @record
 class Bind(Record):
+    """One bind mount of a container: host path to guest path."""
     host: object      # a quoted shell word (Raw) or a plain path
     guest: object
 
@@ -132,6 +133,7 @@ def binds(job: JobSpec, site: ContainerSite) -> list[Bind]:
 
 @record
 class ContainerLaunch(Record):
+    """How a rank starts inside the site's container runtime."""
     command: tuple[object, ...]          # what the launcher starts on every rank
     srun_options: tuple[object, ...] = ()  # options srun itself needs (pyxis)
     setup: tuple[Raw, ...] = ()          # batch-script lines before the launch

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class Knob:
+    """One Horovod knob: its train.horovod key, default, and the variables it sets."""
     name: str                                # train.horovod.<name>
     default: Any
     env: tuple[str, ...] = ()                # the variables it sets (at hvd.init())

@@ -17,6 +17,7 @@ from .spec import JobSpec
 
 @record
 class LaunchContext(Record):
+    """What a launcher needs to write the line that starts every rank."""
     job: JobSpec
     mpi: Mpi                         # the site's MPI flavour and extra arguments
     command: tuple[object, ...]      # what every rank runs

@@ -18,6 +18,7 @@ from .spec import JobSpec
 
 @record
 class Finding(Record):
+    """One thing lint found: its level, the job key, what it says."""
     level: str      # "error" or "warning"
     key: str        # dotted job key
     message: str

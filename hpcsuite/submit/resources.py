@@ -67,6 +67,7 @@ class Binding(Record):
 
 @record
 class Resources(Record):
+    """What the job asks of Slurm: nodes, ranks, cores, GPUs, memory and time."""
     nodes: int = field(default=1, metadata=meta("nodes to allocate", min=1, max=100000))
     tasks_per_node: int = field(default=1, metadata=meta("MPI ranks per node", min=1, max=1024))
     cpus_per_task: int = field(default=1, metadata=meta("CPU cores per rank", min=1, max=1024))

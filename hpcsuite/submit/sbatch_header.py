@@ -64,6 +64,7 @@ class HeaderError(UserError):
 
 @record
 class Option(Record):
+    """One #SBATCH option of a script, as sbatch reads it."""
     name: str            # canonical long name, e.g. "partition"
     value: str | None    # None for options without an argument
     line: int            # 1-based line of the script

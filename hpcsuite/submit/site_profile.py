@@ -69,6 +69,7 @@ def sbatch_allowed_problem(option: str) -> str | None:
 
 @record
 class Partition(Record):
+    """One Slurm partition as the site describes it."""
     cpus_per_node: Optional[int] = field(default=None, metadata=meta("cores per node", min=1))
     gpus_per_node: int = field(default=0, metadata=meta("GPUs per node", min=0))
     max_time: Optional[str] = field(default=None, metadata=meta(
@@ -92,9 +93,10 @@ class Partition(Record):
 
 @record
 class Mpi(Record):
+    """The MPI the ranks use and how the site launches it."""
     flavour: Literal["openmpi", "openmpi5", "mpich", "intelmpi"] = field(
         default="openmpi", metadata=meta(
-            "the MPI library the ranks use (hpcsuite/submit/mpi_flavours.py): openmpi (4.x), "
+            "the MPI library the ranks use: openmpi (4.x), "
             "openmpi5, mpich or intelmpi; it decides the launch line of launcher: mpirun "
             "(Open MPI's mpirun, Hydra's mpiexec for mpich and intelmpi), how the environment "
             "and binding reach the ranks, and srun's default --mpi plugin"))
@@ -129,6 +131,7 @@ class Mpi(Record):
 
 @record
 class FabricLink(Record):
+    """One kind of link: its bus bandwidth and latency."""
     bandwidth: float = field(default=1.0, metadata=meta(
         "achievable bus bandwidth in GB/s (nccl-tests' busbw of large allreduces)",
         min=0.001, max=100000.0))
@@ -138,6 +141,7 @@ class FabricLink(Record):
 
 @record
 class SiteFabric(FabricLink):
+    """The interconnect between the site's GPUs, as the step model and the preflight see it."""
     topology: Literal["flat", "two-level"] = field(default="flat", metadata=meta(
         "flat: one ring over every GPU; two-level: a ring inside each node, one across nodes"))
     intra_node: Optional[FabricLink] = field(default=None, metadata=meta(
@@ -174,6 +178,7 @@ class ContainerSite(Record):
 
 @record
 class SiteProfile(Record):
+    """What a site says of its cluster: partitions, MPI, modules, Python, locks."""
     name: Optional[str] = field(default=None, metadata=meta("cluster name", pattern=NAME,
                                                           pattern_help="letters, digits, _ . -"))
     contact: Optional[str] = field(default=None, metadata=meta(

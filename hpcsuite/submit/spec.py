@@ -76,6 +76,7 @@ def path_problem(text: str) -> str | None:
 
 @record
 class Data(Record):
+    """What the ranks train on: generated samples, arrays, an HDF5 file or your factory."""
     kind: Literal["synthetic", "npy", "hdf5", "python"] = field(default="synthetic", metadata=meta(
         "where the samples come from: synthetic (a learnable set generated from train.seed), "
         "npy (.npy arrays), hdf5 (datasets in an HDF5 file) or python (your factory function)"))
@@ -143,6 +144,7 @@ class HorovodKnobs(Record):
 
 @record
 class Checkpoint(Record):
+    """When rank 0 saves the run's state, where, how many it keeps, and resuming from it."""
     every_steps: int = field(default=0, metadata=meta("save every N optimizer steps (0: off)", min=0))
     every_minutes: float = field(default=0.0, metadata=meta("save at least every N minutes (0: off)",
                                                           min=0.0))
@@ -159,6 +161,7 @@ class Checkpoint(Record):
 
 @record
 class Monitor(Record):
+    """What the ranks record while they train: utilisation, TensorBoard, Prometheus, timelines."""
     enabled: bool = field(default=False, metadata=meta(
         "sample every rank's utilisation and memory while training (GPU through NVML when the "
         "rank has one, CPU through psutil otherwise) into results.json"))
@@ -183,6 +186,7 @@ class Monitor(Record):
 
 @record
 class Preemption(Record):
+    """What the job does when Slurm preempts it or its time runs out: save, stop, requeue."""
     signal: Literal["USR1", "USR2", "TERM"] = field(default="USR1", metadata=meta(
         "the signal Slurm sends the batch shell lead_seconds before the time limit (sbatch "
         "--signal): the ranks save a checkpoint and stop"))
@@ -214,6 +218,7 @@ class Preemption(Record):
 
 @record
 class Optimizer(Record):
+    """The optimizer both frameworks build the same way."""
     name: Literal["sgd", "adam", "adamw"] = field(default="sgd", metadata=meta(
         "the optimizer, the same in torch and TensorFlow: sgd (with momentum), adam or adamw"))
     momentum: float = field(default=0.9, metadata=meta("sgd: momentum", min=0.0, max=1.0))
@@ -246,6 +251,7 @@ class Schedule(Record):
 
 @record
 class Eval(Record):
+    """Validation on held-out data."""
     split: float = field(default=0.0, metadata=meta(
         "hold out this fraction of the training data (a fixed random subset) for validation",
         min=0.0, max=0.9))
@@ -262,6 +268,7 @@ class Eval(Record):
 
 @record
 class Train(Record):
+    """What every rank runs: the framework, the model or your script, the data and the schedule."""
     backend: Literal["torch", "tensorflow"] = field(default="torch", metadata=meta(
         "the framework the ranks train with: torch (horovod.torch) or tensorflow "
         "(horovod.tensorflow, Keras 3)"))
@@ -390,6 +397,7 @@ LAUNCHER_HINT = ("; launcher: mpirun means the MPI's own launcher, which is mpie
 
 @record
 class JobSpec(Record):
+    """A job: its name, template, resources, training and environment."""
     name: str = field(metadata=meta("job name", pattern=NAME, pattern_help=NAME_HELP))
     template: str = field(default="horovod", metadata=meta(
         "the sbatch template, NAME.sbatch.j2 found first on the search path: --template-dir, "

@@ -62,6 +62,7 @@ def builtin_dir() -> Path:
 
 @record
 class SearchPath(Record):
+    """The template directories, highest precedence first."""
     dirs: tuple[tuple[str, Path], ...]   # (layer, directory), highest precedence first
 
     @classmethod

@@ -76,6 +76,7 @@ class MlflowTracking(Record):
 
 @record
 class Tracking(Record):
+    """Experiment tracking: rank 0 logs the run to MLflow."""
     mlflow: MlflowTracking = field(metadata=meta(
         "log the run to MLflow (needs the tracking extra, pip install 'hpcsuite[tracking]', "
         "where the ranks run); {} for the defaults"))
