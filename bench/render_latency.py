@@ -3,7 +3,10 @@
 Runs each command N times in fresh interpreters, alternating, and prints medians and the ratio,
 of wall time and of CPU time (the child's user + system time: on a busy 2-core machine the wall
 time of a 100 ms start-up swings with whatever else runs, its CPU time much less).
-    .venv/bin/python bench/render_latency.py [-n 30] [--budget SECONDS]
+    .venv/bin/python bench/render_latency.py [-n 30] [--rev COMMIT] [--budget SECONDS]
+
+--rev COMMIT also runs that commit's `hpcsuite render` (unpacked with `git archive`, its
+hpcsuite first on PYTHONPATH, byte-compiled alike) in the same rounds: before and after a change.
 
 hpcsuite is byte-compiled first, as a wheel install (and scripts/setup.sh) does: under
 PYTHONDONTWRITEBYTECODE=1 an editable install would otherwise recompile every module on every
@@ -34,11 +37,11 @@ CASES = {
 }
 
 
-def timed(argv: list[str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one run of ``argv``."""
+def timed(argv: list[str], env: dict | None = None, cwd: Path = ROOT) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of ``argv`` in ``cwd``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    run_group(argv, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    run_group(argv, check=True, stdout=subprocess.DEVNULL, cwd=cwd, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -47,22 +50,38 @@ def timed(argv: list[str]) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-n", type=int, default=30)
+    ap.add_argument("--rev", help="also time this commit's `hpcsuite render` in the same rounds")
     Budget.add_argument(ap, 300, "rounds")
     args = ap.parse_args()
     budget = Budget.from_args(args)
-    samples = {name: [] for name in CASES}
-    cpu = {name: [] for name in CASES}
+    cases = {name: (argv, None, ROOT) for name, argv in CASES.items()}
+    trees = [ROOT]
+    if args.rev:
+        import os
+        import tempfile
+
+        tree = Path(tempfile.mkdtemp(prefix=f"render-{args.rev}-"))
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        trees.append(tree)
+        # run in the unpacked tree: `python -m` puts the working directory first on sys.path
+        cases[f"hpcsuite render ({args.rev})"] = (CASES["hpcsuite render"],
+                                                  {**os.environ, "PYTHONPATH": str(tree)}, tree)
+    samples = {name: [] for name in cases}
+    cpu = {name: [] for name in cases}
     with budget.watch():
-        run_group([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcsuite")], check=True,
-                  stdout=subprocess.DEVNULL)
-        for name, argv in CASES.items():
-            timed(argv)  # warm the page cache
+        for tree in trees:
+            run_group([sys.executable, "-m", "compileall", "-q", str(tree / "hpcsuite")],
+                      check=True, stdout=subprocess.DEVNULL)
+        for name, (argv, env, cwd) in cases.items():
+            timed(argv, env, cwd)  # warm the page cache
         for _ in budget.each(range(args.n)):
-            times = {name: timed(argv) for name, argv in CASES.items()}
+            times = {name: timed(argv, env, cwd) for name, (argv, env, cwd) in cases.items()}
             for name, (t, c) in times.items():      # a round counts once every case ran
                 samples[name].append(t)
                 cpu[name].append(c)
-    rounds = len(samples[next(iter(CASES))])
+    rounds = len(samples[next(iter(cases))])
     budget.report(rounds, args.n, "rounds")
     for title, table in (("wall time", samples), ("CPU time (user + system)", cpu)):
         show(title, table)
