@@ -381,8 +381,7 @@ def _source_of(key: str, origins: dict[str, str], layers: Iterable[Layer]) -> st
 
 def merged_view(spec_path: str | None, profile_path: str | None = None, sets: Iterable[str] = (),
                 cwd: Path | None = None) -> tuple[dict, dict[str, str], tuple[str, ...]]:
-    """Merged configuration without requiring a complete job (for `config show`), with the
-    locked keys."""
+    """Merged configuration, no complete job required (`config show`), and the locked keys."""
     layers = discover(spec_path, profile_path, sets, cwd)
     job, profile, origins = merge(layers)
     return {"job": job, "site": profile}, origins, locked_keys(layers)
