@@ -16,6 +16,7 @@ The output is deterministic: fields in declaration order, commands sorted, no pa
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 import types
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import reference_cli
-from reference_md import BANNER, REGENERATE, code, docstring, md, table
+from reference_md import BANNER, REGENERATE, code, docstring, md, notes, sentence, summary, table
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:       # this checkout's hpcsuite, also where it is not installed
@@ -44,18 +45,23 @@ def strip_optional(tp: Any) -> tuple[Any, bool]:
 SCALAR_NAMES = {int: "integer", float: "number", str: "text", bool: "true or false", Any: "any value"}
 
 
-def type_text(tp: Any, anchor_of) -> str:
-    """What a value of schema type ``tp`` is, in words (a record links to its section)."""
+LITERALS_IN_A_CELL = 3     # a choice of more values is "one of N values" in its table cell
+
+
+def type_text(tp: Any, anchor_of, short: bool = False) -> str:
+    """What a value of schema type ``tp`` is, in words (a record links to its section);
+    ``short``: a long choice of values only counted, for a table cell."""
     tp, optional = strip_optional(tp)
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
-        text = "one of " + ", ".join(f"`{a}`" for a in args)
+        text = (f"one of {len(args)} values" if short and len(args) > LITERALS_IN_A_CELL
+                else "one of " + ", ".join(f"`{a}`" for a in args))
     elif origin in (typing.Union, types.UnionType):
-        text = " or ".join(type_text(a, anchor_of) for a in args)
+        text = " or ".join(type_text(a, anchor_of, short) for a in args)
     elif origin in (list, tuple):
-        text = f"list of {type_text(args[0], anchor_of)}"
+        text = f"list of {type_text(args[0], anchor_of, short)}"
     elif origin is dict:
-        text = f"mapping of names to {type_text(args[1], anchor_of)}"
+        text = f"mapping of names to {type_text(args[1], anchor_of, short)}"
     elif dataclasses.is_dataclass(tp):
         anchor = anchor_of(tp)
         text = f"[{tp.__name__}](#{anchor})" if anchor else tp.__name__
@@ -154,36 +160,102 @@ def anchor(path: str) -> str:
     return path or "top-level"
 
 
+DEFAULT_IN_A_CELL = 36     # a longer default is in the key's entry under the table
+
+KEY_TABLE = ["key", "type", "default", "help"]
+
+HOW_TO_READ = ("A section's table gives each key's type, default and, in a few words, what it is "
+               "for; the list under the table has the whole help (where the row links to it), "
+               "what a value must be (*Allowed*) and anything else the row leaves out.")
+
+
+@dataclasses.dataclass
+class Key:
+    """One key of a section: its table row and its entry in the list under the table."""
+    key: str
+    type_cell: str
+    type_full: str
+    default: str
+    allowed: str
+    help: str              # the whole help, Markdown
+    help_cell: str         # its first clause, Markdown
+    lock: str | None
+
+    @property
+    def anchor(self) -> str:
+        return f"key-{self.key}"
+
+    def moved(self) -> bool:
+        """Whether the row leaves out some of the help, the type or the default."""
+        return (self.help_cell != self.help or self.type_cell != self.type_full
+                or len(self.default) > DEFAULT_IN_A_CELL)
+
+    def row(self) -> list[str]:
+        default = self.default if len(self.default) <= DEFAULT_IN_A_CELL else "(below)"
+        more = f" [more](#{self.anchor})" if self.moved() else ""
+        return [f"`{self.key}`", self.type_cell, default, self.help_cell + more]
+
+    def parts(self, usual_lock: str | None) -> list[str]:
+        out = [sentence(self.help)] if self.help_cell != self.help else []
+        if self.type_cell != self.type_full:
+            out.append(f"*Type:* {sentence(self.type_full)}")
+        if len(self.default) > DEFAULT_IN_A_CELL:
+            out.append(f"*Default:* {sentence(self.default)}")
+        if self.allowed:
+            out.append(f"*Allowed:* {sentence(self.allowed)}")
+        if self.lock is not None and lock_kind(self.key, self.lock) != usual_lock:
+            out.append(f"*Site lock:* {sentence(self.lock)}")
+        return out
+
+
+def lock_kind(key: str, lock: str) -> str:
+    """A key's site lock with the key itself left out: `site.python` is `site.KEY`."""
+    return lock.replace(f"`site.{key}`", "`site.KEY`")
+
+
 def schema_page(title: str, source: str, intro: str, cls: type, lock_of) -> str:
-    """One reference page: a section per record, a row per key."""
+    """One reference page: a section per record, a row per key, the list under each table."""
     found = sections(cls)
     anchors = {s.cls: anchor(s.path) for s in found}
-    header = ["key", "type", "default", "allowed", "help"] + (["site lock"] if lock_of else [])
-    out = [BANNER.format(source=source), f"# {title}\n", intro.strip() + "\n"]
-    for section in found:
+    keyed = [(section, _keys(section, anchors.get, lock_of)) for section in found]
+    kinds = collections.Counter(lock_kind(k.key, k.lock) for _, keys in keyed for k in keys
+                                if k.lock is not None)
+    usual = kinds.most_common(1)[0][0] if kinds else None
+    out = [BANNER.format(source=source), f"# {title}\n", intro.strip() + "\n", HOW_TO_READ + "\n"]
+    if usual:
+        out.append(f"*Site lock*: {usual} for every key below, unless its entry under its "
+                   "table says otherwise.\n")
+    for section, keys in keyed:
         name = f"`{section.path}`" if section.path else "Top level"
         out.append(f"## {name} {{#{anchor(section.path)}}}\n")
         doc = docstring(section.cls) if section.cls.__doc__ else ""
         if doc and not doc.startswith(f"{section.cls.__name__}("):   # not dataclass's own
             out.append(doc + "\n")
-        out.append(table(header, _rows(section, anchors.get, lock_of)))
+        out.append(table(KEY_TABLE, [k.row() for k in keys]))
+        listed = notes([(f"`{k.key}`", k.anchor, k.parts(usual)) for k in keys])
+        if listed:
+            out.append(listed)
     return "\n".join(out)
 
 
-def _rows(section: Section, anchor_of, lock_of) -> list[list[str]]:
+def _keys(section: Section, anchor_of, lock_of) -> list[Key]:
     hints = typing.get_type_hints(section.cls)
-    rows = []
+    keys = []
     for f in dataclasses.fields(section.cls):
         if not f.init:
             continue
         key = f"{section.path}.{f.name}" if section.path else f.name
         meta = dict(f.metadata)
-        row = [f"`{key}`", type_text(hints[f.name], anchor_of), default_text(f),
-               allowed_text(meta), md(meta.get("help", "")) + _extra_help(section.cls, f.name)]
-        if lock_of:
-            row.append(lock_of(key))
-        rows.append(row)
-    return rows
+        whole = meta.get("help", "")
+        extra = _extra_help(section.cls, f.name)
+        if extra:
+            whole = f"{sentence(whole)} {extra}"
+        cell, cut = summary(whole)
+        keys.append(Key(key, type_text(hints[f.name], anchor_of, short=True),
+                        type_text(hints[f.name], anchor_of), default_text(f), allowed_text(meta),
+                        md(whole), md(cell) if cut else md(whole),
+                        lock_of(key) if lock_of else None))
+    return keys
 
 
 def _extra_help(cls: type, name: str) -> str:
@@ -193,7 +265,7 @@ def _extra_help(cls: type, name: str) -> str:
 
     if cls is HorovodKnobs and knobs.BY_NAME[name].env:
         variables = ", ".join(f"`{v}`" for v in knobs.BY_NAME[name].env)
-        return f" Sets {variables} for every rank."
+        return f"Sets {variables} for every rank."
     return ""
 
 

@@ -1,11 +1,13 @@
 """The command reference page (docs/reference/cli.md), from walking the Click group: every
-command's usage, help and options. scripts/gen_reference.py writes it with the others."""
+command's usage, help and options. scripts/gen_reference.py writes it with the others. An
+option's table cell holds the first clause of its help, the list under the table the whole
+(the short-cell rule of scripts/reference_md.py)."""
 
 from __future__ import annotations
 
 import inspect
 
-from reference_md import BANNER, code, md, table
+from reference_md import BANNER, code, md, notes, sentence, summary, table
 
 
 def help_markdown(text: str) -> str:
@@ -57,25 +59,42 @@ def param_default(param, ctx) -> str:
     return code(value)
 
 
-def param_rows(command, ctx) -> list[list[str]]:
+def param_rows(command, ctx, slug: str = "") -> list[list[str]]:
+    """The option table's rows (an option's help cut to its first clause, linking to its
+    entry in :func:`param_notes`)."""
+    return [row for row, _ in _params(command, ctx, slug)]
+
+
+def param_notes(command, ctx, slug: str = "") -> str:
+    """The list under the option table: the whole help of each option whose cell is cut."""
+    return notes([entry for _, entry in _params(command, ctx, slug) if entry])
+
+
+def _params(command, ctx, slug: str):
     import click
 
-    rows = []
     for param in command.get_params(ctx):
         if getattr(param, "hidden", False) or param.name == "help":
             continue
+        entry = None
         if isinstance(param, click.Argument):
             names = f"`{param.human_readable_name}`"
-            help_text = "argument" + (", required" if param.required else ", optional")
+            cell = "argument" + (", required" if param.required else ", optional")
         else:
-            names = " / ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
-            help_text = md(param.help or "")
-            if param.envvar and str(param.envvar) not in help_text:
-                help_text += f" (env: `{param.envvar}`)"
+            opts = [*param.opts, *param.secondary_opts]
+            names = " / ".join(f"`{o}`" for o in opts)
+            whole = param.help or ""
+            if param.envvar and str(param.envvar) not in whole:
+                whole = f"{whole} (env: `{param.envvar}`)".strip()
             if param.required:
-                help_text = ("required. " + help_text).strip()
-        rows.append([names, param_type(param), param_default(param, ctx), help_text])
-    return rows
+                whole = ("required. " + whole).strip()
+            first, cut = summary(whole)
+            cell = md(first if cut else whole)
+            if cut:
+                anchor = f"{slug}-{max(param.opts, key=len).lstrip('-')}-option"
+                cell += f" [more](#{anchor})"
+                entry = (names, anchor, [md(sentence(whole))])
+        yield [names, param_type(param), param_default(param, ctx), cell], entry
 
 
 def commands(group, ctx):
@@ -111,7 +130,10 @@ def cli_page() -> str:
         if isinstance(command, click.Group):
             subs = [f"[`{path} {n}`](#{slug}-{n})" for n in sorted(command.list_commands(ctx))]
             out.append("Commands: " + ", ".join(subs) + "\n")
-        rows = param_rows(command, ctx)
+        rows = param_rows(command, ctx, slug)
         if rows:
             out.append(table(["option", "type", "default", "help"], rows))
+            listed = param_notes(command, ctx, slug)
+            if listed:
+                out.append(listed)
     return "\n".join(out)

@@ -1,15 +1,18 @@
 """Debian's Chromium, headless, driven through the DevTools protocol over a pipe (standard
 library only: ``--remote-debugging-pipe`` reads NUL-terminated JSON commands on fd 3 and
-writes its answers on fd 4). Enough to open a page and evaluate JavaScript in it."""
+writes its answers on fd 4). Enough to open a page, evaluate JavaScript in it, give it a
+viewport and take a full-page screenshot of it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 BINARY_NAMES = ("chromium", "chromium-browser")
 
@@ -110,3 +113,45 @@ class Browser:
             if value or time.monotonic() > deadline:
                 return value
             time.sleep(0.1)
+
+    def navigate(self, session: str, url: str, timeout: float = 20.0) -> None:
+        """Load ``url`` in the tab and wait until the document (and what it loads) is complete."""
+        self.send("Page.navigate", {"url": url}, session)
+        loaded = f"location.href === {json.dumps(url)} && document.readyState === 'complete'"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.evaluate(session, loaded):
+                    return
+            except RuntimeError:        # the old document went away while we asked it
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{url} did not load in {timeout:.0f} s")
+
+    def set_viewport(self, session: str, width: int, height: int, scale: float = 1) -> None:
+        """Lay the tab out as a ``width`` x ``height`` CSS-pixel desktop window (media queries,
+        ``window.innerWidth`` and the layout all see that size)."""
+        self.send("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": scale,
+                   "mobile": False}, session)
+
+    def screenshot(self, session: str, full_page: bool = True) -> bytes:
+        """The tab as PNG bytes: the whole document (laid out at the viewport's width, beyond
+        its height) or only what the viewport shows."""
+        params: dict = {"format": "png"}
+        if full_page:
+            size = self.send("Page.getLayoutMetrics", {}, session)["cssContentSize"]
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": size["width"],
+                                "height": size["height"], "scale": 1})
+        data = base64.b64decode(self.send("Page.captureScreenshot", params, session)["data"])
+        if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+            raise RuntimeError("Page.captureScreenshot returned no PNG")
+        return data
+
+
+def site_pages(root: Path) -> list[str]:
+    """Every page of a static site built into ``root`` (mkdocs' directory URLs: each page is
+    a folder's index.html), as the URL paths a server of ``root`` answers: "/", "/user/gpus/"."""
+    return sorted("/" + "".join(f"{part}/" for part in p.relative_to(root).parent.parts)
+                  for p in Path(root).rglob("index.html"))
