@@ -1,1 +1,1 @@
-"""The framework backends: the protocols a backend and the ranks' collectives meet, the Horovod base both frameworks share, PyTorch's and TensorFlow's, and the framework state a checkpoint keeps."""
+"""The framework backends: their protocols, the Horovod base, PyTorch's and TensorFlow's."""

@@ -1,1 +1,1 @@
-"""The input pipeline: datasets, which samples each rank reads (sharding), block reads, loader workers and the device prefetch."""
+"""The input pipeline: datasets, sharding, block reads, loader workers, the device prefetch."""

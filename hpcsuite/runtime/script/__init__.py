@@ -1,1 +1,1 @@
-"""Script mode: running the user's own Horovod script inside a session, its job, its collectives, and hints for its known failures."""
+"""Script mode: the user's own Horovod script in a session, its job, collectives and hints."""

@@ -1,4 +1,5 @@
-"""Script mode's :class:`~hpcsuite.runtime.session.session.Collectives` over the script's own Horovod module.
+"""Script mode's :class:`~hpcsuite.runtime.frameworks.protocol.Collectives` over the script's own
+Horovod module.
 
 The script initialised ``horovod.torch`` or ``horovod.tensorflow``; both give object collectives,
 so script mode needs no framework tensor of its own: its vote is an allgather of the vote vector

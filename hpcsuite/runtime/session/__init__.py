@@ -1,1 +1,1 @@
-"""A training session, managed and script mode alike: restore, the managed loop, the stop/save policy, checkpoints, the learning-rate schedule, the time limit and the slow-rank balance."""
+"""A training session of either mode: restore, the managed loop, policy, checkpoints, time limit."""
