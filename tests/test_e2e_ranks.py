@@ -15,7 +15,7 @@ from conftest import TEST_PORT, run_cli, submit_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-LINE = re.compile(r"rank 0 hpcsuite\.runtime\.loop: step (\d+), epoch \d+, loss ([0-9.]+)")
+LINE = re.compile(r"rank 0 hpcsuite\.runtime\.session\.loop: step (\d+), epoch \d+, loss ([0-9.]+)")
 
 LOSS_SPEC = """name: loss-mean
 resources: {nodes: 2, tasks_per_node: 1}
