@@ -295,8 +295,10 @@ def profile_cases(draw) -> tuple[bytes, bytes]:
 
 
 TEMPLATES = {
-    "comment": '{% extends "builtin/horovod.sbatch.j2" %}\n'
-               "{% block sbatch %}{{ super() }}#SBATCH --comment={{ job.env.get('NOTE', 'none') }}\n"
+    # --licenses: an option the profile's sbatch_allowed lists (a --template-dir template
+    # adds no other the job did not ask for)
+    "licenses": '{% extends "builtin/horovod.sbatch.j2" %}\n'
+               "{% block sbatch %}{{ super() }}#SBATCH --licenses={{ job.env.get('NOTE', 'none') }}\n"
                "{% endblock %}\n",
     "jobname": '{% extends "builtin/horovod.sbatch.j2" %}\n'
                "{% block sbatch %}#SBATCH --job-name={{ job.env.get('NOTE', 'x') }}{{ job.name }}\n"
@@ -620,8 +622,8 @@ def run_template_case(case: tuple[str, bytes], work: Path) -> tuple[str, str]:
         r = resolve(str(spec), str(PROFILE), ambient=False)
         want = expected_header(r.job, r.profile)
         note = r.job.env.get("NOTE")
-        if name == "comment":
-            want["comment"] = note if note is not None else "none"
+        if name == "licenses":
+            want["licenses"] = note if note is not None else "none"
         if name == "jobname":
             want["job-name"] = r.job.name    # the built-in line comes later and wins
         script = json.loads(result.stdout)["script"]

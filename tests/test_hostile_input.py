@@ -272,15 +272,22 @@ def test_unexpected_errors_are_one_line_not_a_traceback(work, monkeypatch):
     assert "Traceback" not in result.output
 
 
+def allow_in_templates(work, option):
+    """A site profile that lets a project's template add ``--option``."""
+    (work / "site").mkdir(exist_ok=True)
+    (work / "site" / "profile.yaml").write_text(f"sbatch_allowed: [{option}]\n")
+
+
 @pytest.mark.parametrize("line", [
-    "#SBATCH --comment={{ job.env.NOTE }}",
-    "#SBATCH --comment=x{{ job.env.NOTE }}",
+    "#SBATCH --wckey={{ job.env.NOTE }}",
+    "#SBATCH --wckey=x{{ job.env.NOTE }}",
     "#SBATCH {{ job.env.NOTE }}",
     "{{ job.env.NOTE }}",
 ])
 def test_a_value_that_needs_quoting_never_reaches_an_sbatch_line(work, line):
     """Shell quoting protects the body, not the header: a template that puts a value into an
     #SBATCH line gets it only if sbatch would read it as one plain word."""
+    allow_in_templates(work, "wckey")
     project_template(work, '{% extends "builtin/horovod.sbatch.j2" %}\n'
                            "{% block sbatch %}" + line + "\n{{ super() }}{% endblock %}\n")
     evil = "\\'' --partition=other #'"
@@ -296,15 +303,16 @@ def test_a_value_that_needs_quoting_never_reaches_an_sbatch_line(work, line):
         from hpcsuite.submit.sbatch_header import parse_header
 
         assert [o.name for o in parse_header(result.output)] == []
-    if "--comment" in line:
+    if "--wckey" in line:
         (work / "job.yaml").write_text("name: a\nenv: {NOTE: plain-word_1.0}\n")
         result = cli("render", str(work / "job.yaml"))
         assert result.exit_code == 0 and "plain-word_1.0\n" in result.output
 
 
 def test_literal_header_lines_of_a_parent_block_stay_literal(work):
+    allow_in_templates(work, "wckey")
     project_template(work, '{% extends "builtin/horovod.sbatch.j2" %}\n'
-                           "{% block sbatch %}{{ super() }}#SBATCH --comment=\"site note\"\n"
+                           "{% block sbatch %}{{ super() }}#SBATCH --wckey=\"site note\"\n"
                            "{% endblock %}\n")
     (work / "job.yaml").write_text("name: a\ntrain: {preemption: {requeue: true}, "
                                    "checkpoint: {every_steps: 5}}\n")

@@ -271,7 +271,9 @@ def test_a_template_must_pass_what_the_job_asks_for(site):
 
 
 def test_a_template_cannot_put_a_forbidden_account_past_the_allow_list(site):
-    (site["templates"] / "horovod.sbatch.j2").write_text(
+    """Not even the site's own template (a project's adds no --account the job did not ask
+    for: tests/test_template_options.py)."""
+    (site["site"].parent / "templates" / "horovod.sbatch.j2").write_text(
         '{% extends "builtin/horovod.sbatch.j2" %}\n{% block sbatch %}{{ super() }}'
         "#SBATCH -A biology\n{% endblock %}\n")
     with pytest.raises(UserError, match=r"#SBATCH --account='biology' is not allowed on partition "

@@ -21,9 +21,14 @@ name_argument = click.argument("name", shell_complete=_complete_names)
 
 
 def _path(template_dir):
+    """The search path render uses here: under the site's ``locked: [template]``, the site's
+    templates and the built-in ones only (a user's or project's file is never rendered)."""
+    from ..submit.config import load_profile_layer, site_location
     from ..submit.templating import SearchPath
 
-    return SearchPath.default(template_dir)
+    site = site_location().profile
+    locked = site is not None and "template" in load_profile_layer("site", str(site)).locked
+    return SearchPath.default(template_dir, site_only=locked)
 
 
 @main.group()
@@ -42,6 +47,9 @@ def templates():
 def list_(template_dir):
     """Every template name, the file that wins, and the ones it shadows."""
     path = _path(template_dir)
+    if not any(layer in ("project", "user") for layer, _ in path.dirs):
+        click.echo("the site locks the template (locked: [template]): only the site's and the "
+                   "built-in templates are rendered")
     click.echo("search path:\n" + path.listing())
     for name in path.names():
         found = path.candidates(name)

@@ -15,7 +15,7 @@ from . import containers, preflight
 from .containers import ContainerLaunch
 from .launchers import LaunchContext, get_launcher
 from .mpi_flavours import flavour
-from .site_profile import SiteProfile
+from .site_profile import MANAGED_OPTIONS, REFUSED_OPTIONS, SiteProfile
 from .sbatch_header import HeaderError, check_fixed
 from ..shell import Raw, join
 from .spec import JobSpec
@@ -191,13 +191,50 @@ def fixed_options(job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
     return fixed, why
 
 
+def asked_options(job: JobSpec, array: ArrayPlan | None = None) -> set[str]:
+    """The #SBATCH options the built-in template writes for ``job`` beyond the ones
+    :func:`fixed_options` pins (the job's resources and ``after``)."""
+    r, preemption = job.resources, job.train.preemption
+    asked = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "time", "output"}
+    asked |= {o for o, v in (("partition", r.partition), ("mem", r.mem), ("array", array)) if v}
+    if preemption.signal_lead(job.train.checkpoint.enabled):
+        asked.add("signal")
+    if preemption.requeue or preemption.max_failures:
+        asked |= {"requeue", "open-mode"}
+    return asked
+
+
+def unasked_problem(option: str, asked: set[str], allowed: list[str], strict: bool) -> str | None:
+    """Why the header may not carry ``option``, which the job did not ask for (None: it may).
+    Options that break a job under hpcsuite are refused from any template; ``strict`` (a
+    template the site did not write: a user's, a project's, --template-dir's) refuses every
+    other one unless the site lists it in sbatch_allowed."""
+    if option in asked:
+        return None
+    if option in REFUSED_OPTIONS:
+        return f"{REFUSED_OPTIONS[option]}; hpcsuite refuses it from any template"
+    if not strict or option in allowed:
+        return None
+    if option in MANAGED_OPTIONS:
+        return (f"hpcsuite writes it from {MANAGED_OPTIONS[option]}, which this job leaves "
+                "unset; set that key in the spec instead")
+    listed = ", ".join(allowed) if allowed else "none"
+    return (f"the job does not ask for it and the site's sbatch_allowed does not list it "
+            f"(it lists: {listed}); only the site's own templates add other options")
+
+
 def check_header(script: str, job: JobSpec, profile: SiteProfile, locks: tuple[str, ...],
-                 run_root: str, source: str, array: ArrayPlan | None = None) -> None:
-    """Read the rendered header as sbatch will and refuse what breaks the site's rules."""
+                 run_root: str, source: str, array: ArrayPlan | None = None,
+                 strict: bool = True) -> None:
+    """Read the rendered header as sbatch will and refuse what breaks the site's rules:
+    ``strict``, for a template the site did not write, also any option the job did not ask
+    for that the site does not list in sbatch_allowed."""
     from .values import walltime_seconds
 
     fixed, why = fixed_options(job, profile, locks, run_root, array)
-    found = check_fixed(script, fixed, source, why)
+    asked = asked_options(job, array)
+    found = check_fixed(script, fixed, source, why, lambda option: unasked_problem(
+        option, asked, profile.sbatch_allowed, strict))
     got = found.get("time")
     partition_name = found["partition"].value if "partition" in found else job.resources.partition
     partition = profile.partitions.get(partition_name or "")
@@ -242,6 +279,7 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
     checks = preflight.args(job, profile)
     run_root = rundir.run_root(job.output_dir, job.name)
     template_file = path.which(job.template)
+    site_written = path.layer_of(template_file) in ("site", "builtin")
     partition = profile.partitions.get(job.resources.partition or "")
     signal_lead = job.train.preemption.signal_lead(job.train.checkpoint.enabled)
     context = {
@@ -278,7 +316,8 @@ def plan(job: JobSpec, profile: SiteProfile, path: SearchPath,
         "world_size": job.resources.nodes * job.resources.tasks_per_node,
     }
     script = render(path, job.template, context)
-    check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)", array)
+    check_header(script, job, profile, locks, run_root, f"{template_file} (rendered)", array,
+                 strict=not site_written)
     from .schema import to_dict
 
     return BatchRequest(job=job, script=script, sbatch_argv=["sbatch", "--parsable"],

@@ -21,6 +21,7 @@ Rules followed (Slurm 22.05, with the change of later releases noted):
 
 from __future__ import annotations
 
+from typing import Callable
 
 from ..records import Record, record
 from ..errors import UserError
@@ -225,11 +226,13 @@ def quote_value(text: str) -> str:
 
 
 def check_fixed(script: str, fixed: dict[str, str | None], source: str,
-                why: dict[str, str] | None = None) -> dict[str, Option]:
+                why: dict[str, str] | None = None,
+                unasked: Callable[[str], str | None] | None = None) -> dict[str, Option]:
     """Refuse a script whose header does not carry exactly the ``fixed`` options.
 
     ``fixed`` maps an sbatch long option to the value the site requires (``None``: the option
-    must be absent). The header is read with the tokeniser of Slurm 22.05 and with that of
+    must be absent); ``unasked(name)`` says why any other option the header carries is refused
+    (None: it may stay). The header is read with the tokeniser of Slurm 22.05 and with that of
     later releases; both readings must agree with the site."""
     why = why or {}
     found: dict[str, Option] = {}
@@ -249,6 +252,11 @@ def check_fixed(script: str, fixed: dict[str, str | None], source: str,
                 seen = "missing" if got is None else f"--{name}={_short(got.value)} on line {got.line}"
                 raise HeaderError(f"{source}: #SBATCH --{name} must be {want!r} ({reason}); "
                                   f"the header sbatch reads has {seen}")
+        for name, got in found.items():
+            problem = unasked(name) if unasked and name not in fixed else None
+            if problem:
+                raise HeaderError(f"{source}:{got.line}: #SBATCH --{name} is not allowed here "
+                                  f"({problem})")
     return found
 
 

@@ -112,6 +112,10 @@ class SearchPath(Record):
         return "\n".join(f"{i}. {layer:8} {d}{'' if _is(d, 'is_dir') else '  (absent)'}"
                          for i, (layer, d) in enumerate(self.dirs, 1))
 
+    def layer_of(self, file: Path) -> str | None:
+        """The search-path layer (cli, project, user, site, builtin) ``file`` lies in."""
+        return next((layer for layer, d in self.dirs if file.parent == d), None)
+
     def which(self, name: str) -> Path:
         check_name(name)
         for d in self.existing():
