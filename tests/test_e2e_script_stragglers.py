@@ -15,6 +15,7 @@ from conftest import run_cli
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SCRIPT = """import argparse
+import os
 import time
 
 import horovod.torch as hvd
@@ -24,6 +25,7 @@ from hpcsuite import api
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--extra", type=float, default=0.0)
+parser.add_argument("--export", type=float, default=0.0)
 args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
@@ -43,20 +45,24 @@ for batch in run.batches(100000):
     if run.should_stop():
         break
 run.finish(params=api.torch_state(model)["model"])
+if hvd.rank() == 0 and args.export:   # work after the last step, the other rank gone (issue 51)
+    time.sleep(args.export)
+    with open(os.path.join(os.environ["HPCSUITE_RUN_DIR"], "exported.txt"), "w") as f:
+        f.write("the model\n")
 """
 
 # ~25 votes of ~0.25 s over 600 steps: the rule's window (200 steps, 20 votes) and a few more.
 SPEC = """name: {name}
 resources: {{nodes: 2, tasks_per_node: 1, time: "00:05:00"}}
-train: {{backend: torch, script: slowed.py, args: [--extra, "{extra}"], batch_size: 4,
+train: {{backend: torch, script: slowed.py, args: [--extra, "{extra}", --export, "{export}"], batch_size: 4,
          epochs: 1, max_steps: 600,
          monitor: {{enabled: true, interval_seconds: 0.2, prometheus_dir: prom}}}}
 """
 
 
-def submit(tmp_path, env, name, extra):
+def submit(tmp_path, env, name, extra, export=0):
     (tmp_path / "slowed.py").write_text(SCRIPT)
-    (tmp_path / f"{name}.yaml").write_text(SPEC.format(name=name, extra=extra))
+    (tmp_path / f"{name}.yaml").write_text(SPEC.format(name=name, extra=extra, export=export))
     out = run_cli("submit", f"{name}.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     payload = json.loads(out.stdout)
@@ -88,8 +94,13 @@ def test_a_script_whose_rank_1_works_twice_as_long_names_it(local_cluster, tmp_p
 
 
 def test_the_same_script_balanced_names_nobody(local_cluster, tmp_path):
+    """Its rank 0 also works 28 s after run.finish(), when rank 1 has exited: longer than the
+    network watch's stall (20 s), whose probes of node2 are refused; the job completes, and
+    what rank 0 wrote is there (issue 51, point 1)."""
     cluster, env = local_cluster
-    payload = submit(tmp_path, env, "script-even", 0.0)
+    payload = submit(tmp_path, env, "script-even", 0.0, export=28)
+    run_dir = next(p.parent for p in (tmp_path / "runs" / "script-even").glob("*/results.json"))
+    assert (run_dir / "exported.txt").read_text() == "the model\n"
     balance = payload["results"]["rank_balance"]
     assert balance["slow_rank"] is None, balance
     assert all(t is not None and t > 0 for t in balance["own_s"] + balance["wait_s"]), balance

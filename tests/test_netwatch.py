@@ -139,3 +139,49 @@ def test_a_stall_with_every_peer_answering_is_left_alone(tmp_path, monkeypatch, 
     assert failed == []
     said = [r.getMessage() for r in caplog.records if "not a network fault" in r.getMessage()]
     assert len(said) == 1 and "every node answers (node2)" in said[0]
+
+
+def listening() -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    return server
+
+
+def test_a_peer_that_finished_is_not_taken_for_one_that_died(tmp_path, monkeypatch, caplog):
+    """Issue 51, point 1: rank 0 still at work after its last step (exporting a model) while
+    node2's rank has finished and exited: its refusal is not a failure."""
+    import logging
+
+    peer = listening()
+
+    def finish_and_exit():
+        nw.finished(tmp_path, 0, 1)        # what train.main does before the process ends
+        peer.close()
+
+    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.observe.netwatch"):
+        failed = run_watch(tmp_path, monkeypatch, peer.getsockname()[1], close=finish_and_exit)
+        time.sleep(0.5)
+    assert failed == []
+    said = [r.getMessage() for r in caplog.records]
+    assert any("every other node's ranks have finished: nothing left to watch" in s for s in said)
+
+
+def test_a_node_is_watched_through_its_ranks_that_have_not_finished(tmp_path, monkeypatch):
+    first, second = listening(), listening()
+    port = second.getsockname()[1]
+    rec = RunDir(tmp_path).net_peer(0, 2)
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    rec.write_text(json.dumps({"rank": 2, "node": "node2", "port": second.getsockname()[1],
+                               "addrs": ["127.0.0.1"]}))
+
+    def rank_1_finishes_rank_2_dies():
+        nw.finished(tmp_path, 0, 1)
+        first.close()                      # rank 1 is done: node2 is asked through rank 2
+        time.sleep(0.6)
+        second.close()                     # rank 2 ended without finishing: it died
+
+    failed = run_watch(tmp_path, monkeypatch, first.getsockname()[1],
+                       close=rank_1_finishes_rank_2_dies)
+    assert len(failed) == 1 and "error: the ranks on node2 are gone" in failed[0], failed
+    assert f"127.0.0.1:{port} " in failed[0], failed       # the live rank's port was asked

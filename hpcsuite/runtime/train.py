@@ -80,6 +80,9 @@ def main(job_path: str) -> None:
         fail(run_dir, rank, user_traceback(e), code=1,
              key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e), exc=e)
     watch.stop()             # stepped or not, training is over: nothing left to watch
+    # Before this rank's listener closes with it: a rank still at work (rank 0 exporting a
+    # model, waiting on MLflow) must not take its refusals for a rank that died.
+    netwatch.finished(run_dir, world.attempt, rank)
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
 
 

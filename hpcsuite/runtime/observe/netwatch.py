@@ -13,6 +13,12 @@ requeue within ``train.preemption.max_failures``, or a resubmit, resumes from th
 checkpoint once the link is back). A rank whose own node reaches neither its peers nor the
 controller names its own node. A stall with every node answering is not a network fault: said
 once in the rank's log, and left to Horovod's stall check and the time limit.
+
+A rank that has finished (its ``hpcsuite train`` returned: the script or the loop ended well)
+says so (:func:`finished`) before its listener closes with the process. A node all of whose
+ranks have finished is not watched: a rank 0 still at work after the last step (exporting a
+model, waiting on MLflow, a final save, a script's work after ``run.finish()``) is not ended for
+the refusals of ranks that are done.
 """
 
 from __future__ import annotations
@@ -87,17 +93,40 @@ def listen(record: Path, rank: int, node: str) -> socket.socket:
     return server
 
 
-def peers(run_dir: Path, attempt: int, node: str) -> dict[str, dict]:
-    """One record per other node (its lowest rank's)."""
-    out: dict[str, dict] = {}
-    for path in sorted(RunDir(run_dir).startup(attempt).glob("net-*.json")):
+def node_records(run_dir: Path, attempt: int, node: str) -> dict[str, list[dict]]:
+    """Every other node's ranks' records, lowest rank first."""
+    out: dict[str, list[dict]] = {}
+    for path in RunDir(run_dir).startup(attempt).glob("net-*.json"):
         try:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if rec.get("node") != node and rec.get("node") not in out:
-            out[rec["node"]] = rec
-    return out
+        if isinstance(rec, dict) and rec.get("node") not in (None, node) and \
+                isinstance(rec.get("rank"), int):
+            out.setdefault(rec["node"], []).append(rec)
+    return {n: sorted(recs, key=lambda r: r["rank"]) for n, recs in sorted(out.items())}
+
+
+def peers(run_dir: Path, attempt: int, node: str) -> dict[str, dict]:
+    """One record per other node (its lowest rank's)."""
+    return {n: recs[0] for n, recs in node_records(run_dir, attempt, node).items()}
+
+
+def finished(run_dir: Path, attempt: int, rank: int) -> None:
+    """Say that this rank has finished: its node is no longer watched for it."""
+    try:
+        write_json_atomic(_done(run_dir, attempt, rank), {"rank": rank})
+    except OSError as e:
+        log.warning("network watch: could not say this rank finished: %s", e)
+
+
+def _done(run_dir: Path, attempt: int, rank: int) -> Path:
+    return RunDir(run_dir).net_peer(attempt, rank).with_suffix(".done")
+
+
+def live_record(run_dir: Path, attempt: int, recs: list[dict]) -> dict | None:
+    """The record of the node's lowest rank that has not finished (None: all have)."""
+    return next((r for r in recs if not _done(run_dir, attempt, r["rank"]).exists()), None)
 
 
 def answers(rec: dict, timeout: float = PROBE_SECONDS) -> str | None:
@@ -145,6 +174,26 @@ def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
     return " is UP" in done.stdout
 
 
+def probe(run_dir: Path, attempt: int, watched: dict[str, list[dict]]) -> dict[str, str]:
+    """What each watched node's live rank answered, by node (those that answered left out);
+    a node whose ranks have all finished leaves ``watched``. Whether a rank finished is read
+    again after a failed probe: it says so before its listener closes."""
+    unreachable = {}
+    for name in list(watched):
+        rec = live_record(run_dir, attempt, watched[name])
+        why = answers(rec) if rec is not None else None
+        if why is None:
+            if rec is None:
+                del watched[name]
+            continue
+        now = live_record(run_dir, attempt, watched[name])
+        if now is rec:
+            unreachable[name] = why
+        elif now is None:                               # its last rank finished while asked
+            del watched[name]
+    return unreachable
+
+
 def verdict(node: str, idle: float, unreachable: dict[str, str],
             controller: bool | None) -> tuple[list[str], str]:
     """(the nodes that lost their network, the failure's text) from what this node saw."""
@@ -189,14 +238,19 @@ def watch(run_dir: Path, rank: int, attempt: int, node: str, fail: Callable[[str
             if not beats:
                 continue                   # not training yet: the startup watch's time
             if watched is None:            # a step ended: every rank has published its port
-                watched = baseline(peers(run_dir, attempt, node))
+                records = node_records(run_dir, attempt, node)
+                kept = baseline({n: recs[0] for n, recs in records.items()})
+                watched = {n: records[n] for n in kept}
                 continue
             idle = time.monotonic() - beats[-1]
             if idle < stall_seconds(beats):
                 told = False
                 continue
-            unreachable = {n: why for n, rec in watched.items()
-                           if (why := answers(rec)) is not None}
+            unreachable = probe(run_dir, attempt, watched)
+            if not watched:
+                log.info("no training step for %.0f s, and every other node's ranks have "
+                         "finished: nothing left to watch", idle)
+                return
             if not unreachable:
                 if not told:
                     log.info("no training step for %.0f s, and every node answers (%s): "
