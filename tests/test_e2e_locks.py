@@ -117,6 +117,28 @@ def jobs_in_queue(env) -> list[str]:
     return out.split("\n")[:-1]
 
 
+@pytest.mark.parametrize("smuggle, said", [
+    ("#SBATCH --chdir=/tmp", "--chdir is not allowed here (run directories are relative to the "
+                             "submit directory; hpcsuite refuses it from any template)"),
+    ("#SBATCH --reservation=maint", "--reservation is not allowed here (the job does not ask for "
+                                    "it and the site's sbatch_allowed does not list it"),
+    ("#SBATCH --qos=high", "--qos is not allowed here (hpcsuite writes it from resources.qos"),
+])
+def test_a_project_template_adds_no_option_the_job_did_not_ask_for(locked_site, smuggle, said):
+    """Issue 51, point 2: refused at submit, before sbatch (`--chdir=/tmp` gave a job "killed
+    by signal 53"); nothing queued, no run directory."""
+    env, site, work, spec = locked_site
+    (work / ".hpcsuite" / "templates" / "horovod.sbatch.j2").write_text(
+        '{% extends "builtin/horovod.sbatch.j2" %}\n{% block sbatch %}{{ super() }}'
+        + smuggle + "\n{% endblock %}\n")
+    before = jobs_in_queue(env)
+    proc = run_cli("submit", str(spec), cwd=work, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"horovod.sbatch.j2 (rendered):" in proc.stderr and said in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert jobs_in_queue(env) == before and not (work / "runs").exists()
+
+
 @pytest.mark.parametrize("smuggle", [
     "#SBATCH --partition=other",
     "#SBATCH -J x -pother",
