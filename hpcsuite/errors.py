@@ -68,3 +68,23 @@ def show(value: object, limit: int = 48) -> str:
 def count(n: object, noun: str) -> str:
     """``1 rank``, ``2 ranks``: a count and its noun (plural by an s; nouns here are regular)."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def permission_denied(path: object) -> UserError:
+    """A file this user may not read, said as that (never as "none" or "missing"): its owner and
+    mode, and what lets a group share it."""
+    import os
+    import pwd
+
+    try:
+        st = os.stat(path)
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        held = f" (owner {owner}, mode {st.st_mode & 0o777:o})"
+    except OSError:
+        held = ""
+    return UserError(f"{path}: permission denied{held}: its owner can make it readable (chmod "
+                     "g+r); files hpcsuite writes follow the umask, so a group sharing a "
+                     "directory runs with umask 002")

@@ -87,20 +87,16 @@ class StatusRecord(Record):
     @classmethod
     def live(cls, state, run_dir: str | Path | None) -> "StatusRecord":
         """State and progress only: what a job being followed shows every second."""
-        from ..runs.results import read_progress
-
         return cls(job_id=state.job_id, state=state, run_dir=Path(run_dir) if run_dir else None,
-                   progress=read_progress(run_dir) if run_dir else None)
+                   progress=_listed_progress(run_dir) if run_dir else None)
 
     @classmethod
     def of_entry(cls, entry: dict, state=None) -> "StatusRecord":
         """A registry entry (its ``job_id`` and ``run_dir`` at least) with Slurm's state of
         it, None when Slurm was not asked or no longer knows it; the progress is read either
         way."""
-        from ..runs.results import read_progress
-
         return cls(job_id=entry["job_id"], state=state, entry=entry,
-                   run_dir=Path(entry["run_dir"]), progress=read_progress(entry["run_dir"]))
+                   run_dir=Path(entry["run_dir"]), progress=_listed_progress(entry["run_dir"]))
 
     @property
     def name(self) -> str | None:
@@ -288,6 +284,17 @@ def _last_checkpoint(job, run_dir: Path) -> str:
     if newest is None:
         return "no checkpoint was saved"
     return f"the last checkpoint is step {newest[1].get('step')} ({newest[0]}); submit again to resume"
+
+
+def _listed_progress(run_dir) -> dict | None:
+    """progress.json for a line of a listing: one this user may not read leaves its line
+    without progress (``status RUN`` of that run says permission denied)."""
+    from ..runs.results import read_progress
+
+    try:
+        return read_progress(run_dir)
+    except UserError:
+        return None
 
 
 def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:

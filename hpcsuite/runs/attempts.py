@@ -64,6 +64,10 @@ def read_records(run_dir: str | Path) -> list[dict]:
         text = path.read_text()
     except FileNotFoundError:
         return []
+    except PermissionError:
+        from ..errors import permission_denied
+
+        raise permission_denied(path) from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from None
     out = []
@@ -85,7 +89,7 @@ def read_records(run_dir: str | Path) -> list[dict]:
 def _append(run_dir: Path, entry: dict) -> None:
     line = json.dumps({"time": dt.datetime.now().isoformat(timespec="seconds"), **entry},
                       sort_keys=True) + "\n"
-    fd = os.open(RunDir(run_dir).attempts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(RunDir(run_dir).attempts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         os.write(fd, line.encode())
         os.fsync(fd)

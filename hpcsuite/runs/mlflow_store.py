@@ -43,9 +43,14 @@ GIT_COMMIT, GIT_DIRTY = "HPCSUITE_GIT_COMMIT", "HPCSUITE_GIT_DIRTY"
 
 
 def read_record(path: Path) -> dict:
-    """mlflow.json as a dict ({} when missing or damaged: tracking then starts afresh)."""
+    """mlflow.json as a dict ({} when missing or damaged: tracking then starts afresh); one
+    this user may not read is said as that."""
     try:
         data = json.loads(Path(path).read_text())
+    except PermissionError:
+        from ..errors import permission_denied
+
+        raise permission_denied(path) from None
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

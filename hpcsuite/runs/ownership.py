@@ -42,6 +42,10 @@ def read_owner(root: Path) -> dict | None:
         owner = json.loads(path.read_text())
     except FileNotFoundError:
         return None
+    except PermissionError:
+        from ..errors import permission_denied
+
+        raise permission_denied(path) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}       # damaged: nobody we can check, so nobody
     return owner if isinstance(owner, dict) else {}
@@ -67,7 +71,7 @@ def claim(root: Path, job_id: str, run_dir: Path) -> None:
     """Make ``job_id`` the owner of ``root`` unless a live job owns it (under a lock, so of
     two jobs starting at once exactly one gets it)."""
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / ".owner.lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = os.open(root / ".owner.lock", os.O_WRONLY | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         check_owner(root, job_id)

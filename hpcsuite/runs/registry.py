@@ -52,7 +52,7 @@ def record(workdir: str | Path, entry: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"submitted_at": dt.datetime.now().isoformat(timespec="seconds"), **entry},
                       sort_keys=True, ensure_ascii=True) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         data = line.encode()

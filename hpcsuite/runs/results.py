@@ -21,6 +21,21 @@ from .rundir import RunDir, failure_text
 from .rundir import PROGRESS, RESULTS  # noqa: F401
 
 
+def umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, for every thread, while
+    it reads it): the site's and the user's choice of who may read and write their files."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path, data: object, durable: bool = True) -> None:
     """Write JSON so readers see the old file or the new one, never half of one: the one way
     hpcsuite writes a JSON file. ``durable=False`` skips the fsync, for a file replaced every
@@ -28,6 +43,7 @@ def write_json_atomic(path: Path, data: object, durable: bool = True) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o666 & ~umask())   # mkstemp's 0600: the mode a plain open would give
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -45,7 +61,7 @@ def mark_failed(marker: Path, rank: int, code: int, text: str, **tags: str | Non
     another rank made it first: False then. In one write, so no reader sees half of it; a
     marker that cannot be written (True: this rank still reports first) loses only the file."""
     try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         with os.fdopen(fd, "w") as f:
             f.write(failure_text(rank, code, text, **tags))
     except FileExistsError:
@@ -67,8 +83,13 @@ def write_progress(run_dir: Path, progress: dict) -> None:
 
 def read_progress(run_dir: str | Path) -> dict | None:
     """The job's latest progress record, or None (none yet, or caught mid-replace)."""
+    path = RunDir(run_dir).progress
     try:
-        data = json.loads(RunDir(run_dir).progress.read_text())
+        data = json.loads(path.read_text())
+    except PermissionError:
+        from ..errors import permission_denied
+
+        raise permission_denied(path) from None
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -177,6 +198,10 @@ class Results:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise UserError(f"{path}: no such file") from None
+        except PermissionError:
+            from ..errors import permission_denied
+
+            raise permission_denied(path) from None
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: unreadable ({e})") from None
         except json.JSONDecodeError as e:

@@ -377,7 +377,7 @@ def eject(path: SearchPath, name: str, to_dir: Path, force: bool = False) -> Pat
     staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(source.read_text(encoding="utf-8"))
         os.replace(staged, target)

@@ -109,7 +109,7 @@ class SweepDir:
     def record_submission(self, entry: dict) -> None:
         """Append one submission under a lock (a resubmit beside another never loses a line)."""
         line = json.dumps(entry, sort_keys=True, ensure_ascii=True) + "\n"
-        fd = os.open(self.submissions_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.submissions_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.write(fd, line.encode())
