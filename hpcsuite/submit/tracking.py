@@ -103,8 +103,13 @@ def tracking_problems(job, profile) -> list[str]:
     import importlib.util
     import sys
 
-    if job.train.tracking is None or job.container.image:
+    if job.train.tracking is None:
         return []
+    job = with_site_uri(job, profile)
+    store = store_problem(job.train.tracking.mlflow.uri, job.train.tracking.mlflow.experiment
+                          or job.name)
+    if job.container.image:
+        return [store] if store else []
     python = profile.interpreter()
     if python == sys.executable:
         found = importlib.util.find_spec("mlflow") is not None
@@ -119,6 +124,61 @@ def tracking_problems(job, profile) -> list[str]:
             return [f"the site profile's python ({python}) cannot be run here to ask whether "
                     "it has mlflow"]
     if found:
-        return []
-    return [f"the job's Python ({python}) cannot find mlflow: the job would run without MLflow "
+        return [store] if store else []
+    return ([store] if store else []) + [f"the job's Python ({python}) cannot find mlflow: the job would run without MLflow "
             "tracking (pip install 'hpcsuite[tracking]' there)"]
+
+
+def store_problem(uri: str | None, experiment: str) -> str | None:
+    """Why this user cannot log to the MLflow file store ``uri`` names (None: it can, or it is
+    not a file store): the store, or the experiment's directory in it, is not writable here."""
+    import os
+    import pwd
+    from pathlib import Path
+
+    if not uri or uri.lower().startswith(("http:", "https:", "sqlite:")):
+        return None
+    if uri.lower().startswith("file:"):
+        from ..runs.mlflow_store import file_path
+
+        path = file_path(uri)
+    else:
+        path = Path(uri)
+    path = path.absolute()
+    where = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    blocked = where if not os.access(where, os.W_OK | os.X_OK) else None
+    if blocked is None and where == path:
+        blocked = next((d for d in _experiment_dirs(path, experiment)
+                        if not os.access(d, os.W_OK | os.X_OK)), None)
+    if blocked is None:
+        return None
+    what = "the store" if blocked == where else f"experiment {experiment!r}'s directory"
+    return (f"the MLflow file store {path}: {what} ({blocked}) is not writable by "
+            f"{_user(pwd, os.getuid())}, so the job would run without tracking. A store users share "
+            "needs a directory each of them can write (a group's, setgid, used with umask 002); "
+            "or log to a store of your own (train.tracking.mlflow.uri) or to a server")
+
+
+def _user(pwd, uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _experiment_dirs(store, experiment: str) -> list:
+    """The store's directories of the experiment called ``experiment`` (meta.yaml's name),
+    read without MLflow."""
+    found = []
+    try:
+        entries = [d for d in store.iterdir() if d.is_dir() and (d / "meta.yaml").is_file()]
+    except OSError:
+        return found
+    for d in entries:
+        try:
+            lines = (d / "meta.yaml").read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        if any(line.strip() in (f"name: {experiment}", f"name: '{experiment}'") for line in lines):
+            found.append(d)
+    return found

@@ -364,15 +364,37 @@ def _ref(git: Path, ref: str) -> str | None:
 
 
 # ------------------------------------------------------------------- MLflow's client
+LOCK = ".hpcsuite-experiments.lock"
+
+
+def store_lock(store: Path) -> int:
+    """A descriptor to flock of the file store's lock, whoever made it: every user of a shared
+    store (a 1777 directory) takes the same lock. Only read (flock needs no write access), and
+    made readable by all whatever the umask (it holds nothing); a lock another user's umask
+    kept from this one falls back to a lock of this user's own."""
+    path = store / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.fchmod(fd, 0o644)
+        return fd
+    except FileExistsError:
+        pass
+    try:
+        return os.open(path, os.O_RDONLY)
+    except PermissionError:
+        log.warning("%s: permission denied: this user's experiments are created under a lock "
+                    "of its own", path)
+        return os.open(store / f"{LOCK}.{os.getuid()}", os.O_RDONLY | os.O_CREAT, 0o600)
+
+
 def experiment_id(client, name: str, uri: str) -> str:
     """The experiment called ``name``, created when missing. The elements of a sweep start
     together: a file store is locked while one looks and creates (it would make two of the
     same name), a server refuses the second, which then finds the first."""
     import fcntl
 
-    lock = None
-    if is_file_uri(uri):
-        lock = open(file_path(uri) / ".hpcsuite-experiments.lock", "a")
+    lock = store_lock(file_path(uri)) if is_file_uri(uri) else None
+    if lock is not None:
         fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         found = client.get_experiment_by_name(name)
@@ -387,4 +409,4 @@ def experiment_id(client, name: str, uri: str) -> str:
             return found.experiment_id
     finally:
         if lock is not None:
-            lock.close()
+            os.close(lock)
