@@ -95,16 +95,19 @@ def cluster(account):
 class Account:
     """hpcuser's shell: its venv first on PATH, the cluster's env, nothing of root's."""
 
-    def __init__(self, pw, venv: Path, cluster):
-        self.pw, self.venv, self.cluster = pw, venv, cluster
+    def __init__(self, pw, venv: Path, cluster, umask: int | None = None):
+        self.pw, self.venv, self.cluster, self.umask = pw, venv, cluster, umask
 
     def env(self, **extra) -> dict:
-        return {"HOME": self.pw.pw_dir, "USER": USER, "LOGNAME": USER, "LANG": "C.UTF-8",
+        name = self.pw.pw_name
+        return {"HOME": self.pw.pw_dir, "USER": name, "LOGNAME": name, "LANG": "C.UTF-8",
                 "PATH": f"{self.venv}/bin:/usr/bin:/bin", **self.cluster.client_env(), **extra}
 
     def run(self, *argv: str, cwd: Path, timeout: float = 900, **extra) -> subprocess.CompletedProcess:
         pairs = [f"{k}={v}" for k, v in self.env(**extra).items() if v is not None]
-        return subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *pairs, *argv],
+        if self.umask is not None:     # as the account's login shell would set it
+            argv = ("sh", "-c", f'umask {self.umask:03o} && exec "$@"', "sh", *argv)
+        return subprocess.run(["runuser", "-u", self.pw.pw_name, "--", "env", "-i", *pairs, *argv],
                               cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
     def hpcsuite(self, *args: str, cwd: Path, expect: int | None = 0, **kw):
@@ -378,3 +381,59 @@ def test_a_file_the_user_cannot_read_or_write_is_one_line(user, cluster):
         assert not (closed / "runs").exists()
     finally:
         shutil.rmtree(closed, ignore_errors=True)
+
+
+GROUP, COLLEAGUE = "hpcgroup", "hpcuser2"
+
+
+@pytest.fixture(scope="module")
+def group(user, cluster):
+    """hpcuser and a colleague, hpcuser2, in one group, each with umask 002, and their
+    project directory: setgid, the group's, 2775 (what a site gives a project)."""
+    for argv in (["groupadd", GROUP], ["useradd", "--create-home", "--shell", "/bin/bash",
+                                       "--user-group", COLLEAGUE]):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        assert done.returncode in (0, 9), done.stderr          # 9: it exists already
+    for name in (USER, COLLEAGUE):
+        subprocess.run(["usermod", "-aG", GROUP, name], check=True)
+    home = Path(user.pw.pw_dir)          # the colleague runs hpcuser's venv (a site's shared one)
+    os.chmod(home, home.stat().st_mode | 0o011)
+    project = Path("/srv/hpcsuite-group-project")
+    shutil.rmtree(project, ignore_errors=True)
+    project.mkdir(parents=True)
+    shutil.chown(project, group=GROUP)
+    os.chmod(project, 0o2775)
+    yield (Account(user.pw, user.venv, cluster, umask=0o002),
+           Account(pwd.getpwnam(COLLEAGUE), user.venv, cluster, umask=0o002), project)
+    shutil.rmtree(project, ignore_errors=True)
+
+
+def test_a_group_reads_and_continues_each_others_runs(group):
+    """Issue 51, point 3: in a setgid project directory with umask 002 the colleague's submit
+    is recorded, `status` of their own job by name and `status`/`report` of the first user's
+    run read, and the group's run continues from the first user's checkpoints."""
+    first, second, project = group
+    job = ("name: shared\nresources: {nodes: 1, tasks_per_node: 1, time: '00:05:00'}\n"
+           "train: {model: mlp, data: {samples: 256}, batch_size: 32, epochs: 1, "
+           "checkpoint: {every_steps: 4}}\n")
+    first.write(project / "shared.yaml", job)
+    ran = json.loads(first.hpcsuite("submit", "shared.yaml", "--wait", "--json", cwd=project).stdout)
+    assert ran["state"] == "COMPLETED", ran
+    mine = second.hpcsuite("status", ran["job_id"], cwd=project).stdout      # a colleague's run
+    assert "COMPLETED" in mine and "permission denied" not in mine, mine
+    report = second.hpcsuite("report", ran["job_id"], cwd=project)
+    assert "unreadable" not in report.stdout + report.stderr
+    # The colleague trains the group's run on: its checkpoints and owner lock are the group's.
+    cont = json.loads(second.hpcsuite("submit", "shared.yaml", "--set", "train.epochs=2",
+                                      "--wait", "--json", cwd=project).stdout)
+    assert cont["state"] == "COMPLETED", cont
+    assert cont["results"]["attempts"][0]["start_step"] == ran["results"]["final_step"] > 0
+    theirs = json.loads(second.hpcsuite("status", "shared", "--json", cwd=project).stdout)
+    theirs = theirs[0] if isinstance(theirs, list) else theirs
+    assert theirs["job_id"] == cont["job_id"], theirs            # by name: the latest, theirs
+    shared = [project / ".hpcsuite" / "runs.jsonl", Path(ran["run_dir"]) / "results.json",
+              Path(cont["run_dir"]) / "results.json", Path(cont["run_dir"]) / "attempts.jsonl",
+              project / "runs" / "shared" / "checkpoints" / ".owner.lock"]
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in shared} == \
+        {p.name: "0o664" for p in shared}
+    assert {p.group() for p in shared} == {GROUP}
