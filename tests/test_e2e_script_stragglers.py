@@ -48,7 +48,7 @@ run.finish(params=api.torch_state(model)["model"])
 if hvd.rank() == 0 and args.export:   # work after the last step, the other rank gone (issue 51)
     time.sleep(args.export)
     with open(os.path.join(os.environ["HPCSUITE_RUN_DIR"], "exported.txt"), "w") as f:
-        f.write("the model\n")
+        f.write("the model\\n")
 """
 
 # ~25 votes of ~0.25 s over 600 steps: the rule's window (200 steps, 20 votes) and a few more.
