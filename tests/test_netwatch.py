@@ -52,9 +52,9 @@ def test_who_is_named():
     cut, text = nw.verdict("node1", 21.4, {"node2": "10.0.0.2:5 timed out after 3 s"}, True)
     assert cut == ["node2"]
     first, second = text.splitlines()
-    assert first.startswith("error: network: node2 unreachable from node1 (the Slurm "
-                            "controller answers here); no training step for 21 s: the ranks "
-                            "stalled in the allreduce")
+    assert first.startswith("error: network: node2 unreachable from node1 (1 of the 1 node(s) "
+                            "asked; the Slurm controller answers here); no training step for "
+                            "21 s: the ranks stalled in the allreduce")
     assert first.endswith("tried from node1: node2: 10.0.0.2:5 timed out after 3 s")
     assert second.startswith("error: the last checkpoint is kept: once the link is back")
     cut, text = nw.verdict("node2", 22, {"node1": "timed out"}, False)   # its own link is down
@@ -185,3 +185,50 @@ def test_a_node_is_watched_through_its_ranks_that_have_not_finished(tmp_path, mo
                        close=rank_1_finishes_rank_2_dies)
     assert len(failed) == 1 and "error: the ranks on node2 are gone" in failed[0], failed
     assert f"127.0.0.1:{port} " in failed[0], failed       # the live rank's port was asked
+
+
+def test_a_refusal_of_one_address_of_several_is_no_verdict_of_gone():
+    """Issue 51, point 9: a real cut where one address (docker0's, which refuses locally) was
+    also asked is a network fault, not ranks that are gone."""
+    cut, text = nw.verdict("node1", 22, {"node2": "10.0.0.2:5 timed out after 3 s; "
+                                                  "172.17.0.1:5 Connection refused"}, True, 3)
+    assert cut == ["node2"] and text.startswith("error: network: node2 unreachable from node1 "
+                                                "(1 of the 3 node(s) asked;"), text
+    assert "are gone" not in text
+    # one node cut, another's rank gone: each said as what it is
+    cut, text = nw.verdict("node1", 22, {"node2": "10.0.0.2:5 timed out after 3 s",
+                                         "node3": "10.0.0.3:5 Connection refused"}, True, 3)
+    assert cut == ["node2"] and "the ranks on node3 are gone" in text
+
+
+def test_a_node_names_itself_only_when_it_reaches_none_of_its_peers():
+    """A slow or failed `scontrol ping` with 1 of 124 peers unreachable names that peer."""
+    cut, text = nw.verdict("node1", 22, {"node7": "10.0.0.7:5 timed out after 3 s"}, False, 124)
+    assert cut == ["node7"] and "itself" not in text
+    assert "node7 unreachable from node1 (1 of the 124 node(s) asked; the Slurm controller " \
+           "does not answer here)" in text
+    unreachable = {f"node{i}": "timed out" for i in range(2, 6)}
+    cut, text = nw.verdict("node1", 22, unreachable, False, 4)
+    assert cut == ["node1"] and "node1 itself lost its network (it reaches none of its 4 " in text
+
+
+def test_an_address_this_node_has_too_is_not_asked():
+    with socket.socket() as peer:
+        peer.bind(("127.0.0.1", 0))
+        peer.listen(8)
+        port = peer.getsockname()[1]
+        rec = {"addrs": ["127.0.0.1", "127.0.0.9"], "port": port}
+        said = nw.answers(rec, timeout=1, own=frozenset({"127.0.0.1"}))   # shared: not asked
+        assert said is not None and said.startswith("127.0.0.9:") and "127.0.0.1" not in said
+        # nodes sharing one host have every address in common: then all are asked
+        assert nw.answers(rec, timeout=1, own=frozenset(rec["addrs"])) is None
+
+
+def test_the_addresses_watched_are_those_the_mpi_uses():
+    assert nw._matches("eth1", "10.1.2.3", ["10.1.0.0/16"])
+    assert nw._matches("ib0", "192.168.0.5", ["eth0", "ib0"])
+    assert not nw._matches("docker0", "172.17.0.1", ["10.1.0.0/16", "ib0"])
+    everything = nw.node_addresses({})
+    assert nw.node_addresses({"OMPI_MCA_btl_tcp_if_include": "nosuch0"}) == []
+    assert nw.node_addresses({"OMPI_MCA_btl_tcp_if_exclude": "0.0.0.0/0"}) == []
+    assert nw.node_addresses({"OMPI_MCA_btl_tcp_if_include": "0.0.0.0/0"}) == everything

@@ -44,6 +44,7 @@ PROBE_SECONDS = 3.0        # a node's listener that does not accept within this:
 CONTROLLER_SECONDS = 5.0   # scontrol ping's bound
 TICK = 2.0
 
+OWN: frozenset = frozenset()   # this node's addresses (listen() records them)
 _beats: list[float] = []   # when the last steps ended (monotonic), the newest last
 _lock = threading.Lock()
 
@@ -63,12 +64,40 @@ def stall_seconds(beats: list[float]) -> float:
     return max(MIN_STALL_SECONDS, STEP_FACTOR * typical)
 
 
-def node_addresses() -> list[str]:
-    """This node's IPv4 addresses other than loopback (psutil: every interface)."""
+def node_addresses(env: dict | None = None) -> list[str]:
+    """This node's IPv4 addresses other than loopback (psutil: every interface), those of the
+    interfaces the MPI uses when it is told (Open MPI's btl_tcp_if_include/exclude, which
+    mpirun hands the ranks as OMPI_MCA_*): the links a cut would stall."""
     import psutil
 
-    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                   if a.family == socket.AF_INET and not a.address.startswith("127.")})
+    env = os.environ if env is None else env
+    include = _words(env.get("OMPI_MCA_btl_tcp_if_include"))
+    exclude = _words(env.get("OMPI_MCA_btl_tcp_if_exclude"))
+    return sorted({a.address for name, addrs in psutil.net_if_addrs().items() for a in addrs
+                   if a.family == socket.AF_INET and not a.address.startswith("127.")
+                   and (not include or _matches(name, a.address, include))
+                   and not _matches(name, a.address, exclude)})
+
+
+def _words(value: str | None) -> list[str]:
+    return [w.strip() for w in (value or "").split(",") if w.strip()]
+
+
+def _matches(name: str, address: str, patterns: list[str]) -> bool:
+    """Whether interface ``name`` with ``address`` is one of ``patterns`` (names, or CIDR
+    subnets, as btl_tcp_if_include takes them)."""
+    import ipaddress
+
+    for pattern in patterns:
+        if "/" in pattern:
+            try:
+                if ipaddress.ip_address(address) in ipaddress.ip_network(pattern, strict=False):
+                    return True
+            except ValueError:
+                continue
+        elif name == pattern:
+            return True
+    return False
 
 
 def listen(record: Path, rank: int, node: str) -> socket.socket:
@@ -88,8 +117,11 @@ def listen(record: Path, rank: int, node: str) -> socket.socket:
 
     threading.Thread(target=serve, name="hpcsuite-net-listener", daemon=True).start()
     record.parent.mkdir(parents=True, exist_ok=True)
+    global OWN
+    addrs = node_addresses()
+    OWN = frozenset(addrs)
     write_json_atomic(record, {"rank": rank, "node": node, "port": server.getsockname()[1],
-                               "addrs": node_addresses()})
+                               "addrs": addrs})
     return server
 
 
@@ -129,10 +161,15 @@ def live_record(run_dir: Path, attempt: int, recs: list[dict]) -> dict | None:
     return next((r for r in recs if not _done(run_dir, attempt, r["rank"]).exists()), None)
 
 
-def answers(rec: dict, timeout: float = PROBE_SECONDS) -> str | None:
-    """None when one of the peer's addresses accepts a connection; else what happened."""
+def answers(rec: dict, timeout: float = PROBE_SECONDS, own: frozenset = frozenset()
+            ) -> str | None:
+    """None when one of the peer's addresses accepts a connection; else what each address
+    did. An address this node has too (docker0's 172.17.0.1 on every node) reaches this node,
+    not the peer: it is left out unless the peer has no other (nodes sharing one host)."""
+    addrs = rec.get("addrs") or []
+    theirs = [a for a in addrs if a not in own] or addrs
     said = []
-    for addr in rec.get("addrs") or []:
+    for addr in theirs:
         try:
             with socket.create_connection((addr, rec["port"]), timeout=timeout):
                 return None
@@ -143,13 +180,19 @@ def answers(rec: dict, timeout: float = PROBE_SECONDS) -> str | None:
     return "; ".join(said) or "no address recorded"
 
 
+def refused(why: str) -> bool:
+    """Whether every address asked refused the connection (the node is up, its rank gone)."""
+    parts = [p for p in why.split("; ") if p]
+    return bool(parts) and all("refused" in p.lower() for p in parts)
+
+
 def baseline(others: dict[str, dict]) -> dict[str, dict]:
     """The peers whose port answers while training runs: the ones a stall can be judged by. A
     port that does not (a firewall between the nodes) is said once and not watched, so that a
     stall of another kind is never taken for a network fault."""
     kept = {}
     for name, rec in others.items():
-        why = answers(rec)
+        why = answers(rec, own=OWN)
         if why is None:
             kept[name] = rec
         else:
@@ -181,7 +224,7 @@ def probe(run_dir: Path, attempt: int, watched: dict[str, list[dict]]) -> dict[s
     unreachable = {}
     for name in list(watched):
         rec = live_record(run_dir, attempt, watched[name])
-        why = answers(rec) if rec is not None else None
+        why = answers(rec, own=OWN) if rec is not None else None
         if why is None:
             if rec is None:
                 del watched[name]
@@ -195,21 +238,32 @@ def probe(run_dir: Path, attempt: int, watched: dict[str, list[dict]]) -> dict[s
 
 
 def verdict(node: str, idle: float, unreachable: dict[str, str],
-            controller: bool | None) -> tuple[list[str], str]:
-    """(the nodes that lost their network, the failure's text) from what this node saw."""
+            controller: bool | None, asked: int | None = None) -> tuple[list[str], str]:
+    """(the nodes that lost their network, the failure's text) from what this node saw of the
+    ``asked`` peers it probed (default: just the unreachable ones). This node names itself
+    only when it reached none of its peers and the controller does not answer it either; a
+    node is "gone" only when every address of it refused."""
     seen = "; ".join(f"{n}: {why}" for n, why in sorted(unreachable.items()))
     ctl = {True: "answers", False: "does not answer", None: "could not be asked"}[controller]
-    if all("refused" in why.lower() for why in unreachable.values()):
+    asked = len(unreachable) if asked is None else asked
+    gone = sorted(n for n, why in unreachable.items() if refused(why))
+    lost = sorted(n for n in unreachable if n not in gone)
+    if not lost:
         # the node answered, with a refusal: its network is up, the rank's process is gone
-        cut = sorted(unreachable)
+        cut = gone
         where = (f"the ranks on {', '.join(cut)} are gone (the node answers, but their watch's "
                  "port refuses connections: the process ended or was killed)")
     else:
-        cut = [node] if controller is False else sorted(unreachable)
+        alone = controller is False and len(unreachable) >= asked
+        cut = [node] if alone else lost
         where = "network: " + (
-            f"{node} itself lost its network (it reaches none of its peers and the Slurm "
-            "controller does not answer it)" if cut == [node] else
-            f"{', '.join(cut)} unreachable from {node} (the Slurm controller {ctl} here)")
+            f"{node} itself lost its network (it reaches none of its {asked} peer(s) and the "
+            "Slurm controller does not answer it)" if alone else
+            f"{', '.join(cut)} unreachable from {node} ({len(lost)} of the {asked} node(s) "
+            f"asked; the Slurm controller {ctl} here)")
+        if gone:
+            where += (f"; the ranks on {', '.join(gone)} are gone (their node refuses the "
+                      "watch's port)")
     text = (f"error: {where}; no training step for {idle:.0f} s: the ranks stalled in "
             "the allreduce (Horovod's stall check stays silent while every rank waits in MPI, "
             "and MPI's TCP retries run for minutes); "
@@ -246,6 +300,7 @@ def watch(run_dir: Path, rank: int, attempt: int, node: str, fail: Callable[[str
             if idle < stall_seconds(beats):
                 told = False
                 continue
+            asked = len(watched)
             unreachable = probe(run_dir, attempt, watched)
             if not watched:
                 log.info("no training step for %.0f s, and every other node's ranks have "
@@ -257,7 +312,7 @@ def watch(run_dir: Path, rank: int, attempt: int, node: str, fail: Callable[[str
                              "not a network fault", idle, ", ".join(watched) or "one node")
                     told = True
                 continue
-            _, text = verdict(node, idle, unreachable, controller_answers())
+            _, text = verdict(node, idle, unreachable, controller_answers(), asked)
             fail(text)
             return
 
