@@ -36,6 +36,9 @@ TABLE = [
     # Slurm's own TERM (a requeue, a cancel): recorded, Slurm decides
     ({"outcome": "preempted", "step": 40, "stop": "TERM", "marker_seen": True}, False,
      "preempted on SIGTERM from Slurm", {"signal": "TERM"}),
+    # Open MPI 5's prterun holds the TERM: the ranks save and exit 0; still Slurm's stop
+    ({"outcome": "preempted", "status": 0, "step": 40, "stop": "TERM", "marker_seen": True},
+     False, "preempted on SIGTERM from Slurm", {"signal": "TERM"}),
     ({"outcome": "failed", "status": 1, "stop": "TERM", "failures": 1}, False,
      "ended on SIGTERM from Slurm before saving", {}),
     # a stop with no checkpoint at its step: requeued only with one to resume from

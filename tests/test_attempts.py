@@ -301,3 +301,41 @@ def test_a_signal_a_script_ran_through_is_said(tmp_path, calls, monkeypatch):
     assert "run.should_stop()" in lines[0]
     [record] = attempts.read_records(run)
     assert (record["outcome"], record["signal"]) == ("completed", "USR1")
+
+
+def test_a_cancel_under_open_mpi_5_stays_a_cancel(tmp_path, calls, monkeypatch):
+    """Issue 51, point 7: prterun holds SIGTERM, so on a scancel the ranks save and exit 0:
+    status 0 with rank 0's marker and the batch shell's TERM is Slurm's stop, not a
+    preemption to requeue (nor one to "submit again to resume")."""
+    from hpcsuite.runs.rundir import RunDir
+
+    seen, _ = calls
+    run = tmp_path / "runs" / "a" / "42"
+    RunDir(run).stop_requested(0).parent.mkdir(parents=True)
+    j = job(requeue=True, max_failures=2)
+    RunDir(run).stop_requested(0).write_text("TERM\n")
+    code, lines = end(run, j, 0, 0, monkeypatch, marker="120 signal\n")
+    assert code == 0 and "preempted on SIGTERM from Slurm" in lines[-1], lines
+    assert "Slurm decides" in lines[-1] and "submit the same spec again" not in " ".join(lines)
+    assert not any(argv[:2] == ["scontrol", "requeue"] for argv in seen)
+    record = attempts.read_records(run)[-1]
+    assert (record["outcome"], record["step"], record["signal"], record["requeued"]) == \
+        ("preempted", 120, "TERM", False)
+    # the job's own warning signal under the same launcher: requeued as before
+    RunDir(run).stop_requested(1).write_text("USR1\n")
+    code, lines = end(run, j, 0, 1, monkeypatch, marker="150 signal\n")
+    assert "requeueing job 42" in lines[-1]
+    assert attempts.read_records(run)[-1]["requeued"] is True
+
+
+def test_requeued_is_recorded_from_what_slurm_answered(tmp_path, monkeypatch):
+    from hpcsuite import slurm
+
+    monkeypatch.setattr(slurm, "call", lambda argv, **kw: slurm.Completed(
+        list(argv), 1, "", "scontrol: error: Job has already finished"))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    run = tmp_path / "run"
+    run.mkdir()
+    code, lines = end(run, job(requeue=True), 0, 0, monkeypatch, marker="30 signal\n")
+    assert "scontrol requeue 42 failed: scontrol: error: Job has already finished" in lines[-1]
+    assert attempts.read_records(run)[-1]["requeued"] is False

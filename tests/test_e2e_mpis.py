@@ -15,6 +15,7 @@ Skipped, saying so, when `scripts/setup.sh --mpi NAME` has not been run (`make t
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,43 @@ def test_a_profile_whose_mpi_the_jobs_horovod_was_not_built_against_is_one_line(
     assert "ended FAILED: mpi.flavour: mpich (the site profile), but this rank's Horovod" in said[0]
     assert "links Open MPI v4.1" in said[0] and "scripts/setup.sh --mpi mpich" in said[0], said
     assert "Traceback" not in proc.stderr
+
+
+CANCELLED = """name: cancelled
+resources: {nodes: 2, tasks_per_node: 1, time: "00:05:00"}
+train:
+  data: {samples: 4096, shape: [32], classes: 4}
+  batch_size: 16
+  epochs: 1000
+  max_steps: 30000
+  checkpoint: {every_steps: 20}
+  preemption: {signal: USR1, requeue: true, max_failures: 2}
+"""
+
+
+def test_a_cancel_under_open_mpi_5_stays_a_cancel(mpi_cluster, tmp_path):
+    """Issue 51, point 7: prterun holds SIGTERM, the ranks save and exit 0; `scancel` is still
+    a cancel: never requeued by hpcsuite, recorded as Slurm's stop with requeued: false."""
+    import time
+
+    site = need("openmpi5")
+    cluster, env = mpi_cluster
+    env = site_env(env, site)
+    (tmp_path / "job.yaml").write_text(CANCELLED)
+    job_id = run_cli("submit", "job.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
+    run_dir = tmp_path / "runs" / "cancelled" / job_id
+    deadline = time.monotonic() + 180
+    while not ((run_dir / "progress.json").is_file() and
+               json.loads((run_dir / "progress.json").read_text() or "{}").get("step", 0) >= 30):
+        assert time.monotonic() < deadline, "the job never reached step 30"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], env=env, check=True)
+    state = follow_job(env, job_id, tmp_path)
+    log = (tmp_path / "runs" / "cancelled" / f"slurm-{job_id}.out").read_text()
+    assert state["state"] == "CANCELLED", log[-3000:]
+    assert "requeueing" not in log and "submit the same spec again" not in log, log[-3000:]
+    records = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert len(records) == 1, records
+    assert (records[0]["signal"], records[0]["requeued"]) == ("TERM", False), records
+    assert records[0]["outcome"] in ("preempted", "stopped"), records
+    assert "from Slurm" in log and "Slurm decides" in log, log[-3000:]

@@ -188,10 +188,13 @@ def begin(run_dir: Path, job, out=print) -> int:
 def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, str | None]:
     """How attempt ``n`` ended, from the launcher's ``status`` and rank 0's marker: (outcome,
     the step its work is saved at, the stop signal the batch shell got when the launcher
-    failed)."""
+    failed, or whose ranks saved and exited 0 on it: Open MPI 5's prterun holds SIGTERM, so
+    a cancel ends with status 0 and rank 0's marker)."""
     marker = RunDir(run_dir).preempted   # rank 0 writes "STEP REASON" (signal, time_limit, unsaved)
-    stop = stop_signal(run_dir, n) if status != 0 else None
-    if stop:
+    stop = stop_signal(run_dir, n)
+    if status == 0 and not marker.is_file():
+        stop = None                       # ran to its end: a late signal is said, not obeyed
+    if stop and status != 0:
         # The batch shell got a stop signal and the launcher failed: when Slurm ends a job
         # (scontrol requeue, a preemption without the warning signal, a cancel) its SIGTERM
         # reaches every process, mpirun exits 1 at once, and the ranks it left behind, told
@@ -238,13 +241,19 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
         script=bool(job.train.script)))
     for line in decision.said:
         out(line)
-    _append(run_dir, {"attempt": n, "outcome": outcome, "exit": status, "step": step,
-                      "host": current().node, "requeued": decision.requeue, **decision.extra})
+    requeued = False
     if decision.requeue:
         marker.unlink(missing_ok=True)
         out(f"hpcsuite: {decision.why}; requeueing job {job_id}")
-        if _requeue(job_id, out):
-            return status
+        # Slurm's requeue TERMs this process too: the record of what Slurm answered comes first.
+        held = _hold_term()
+        requeued = _requeue(job_id, out)
+    _append(run_dir, {"attempt": n, "outcome": outcome, "exit": status, "step": step,
+                      "host": current().node, "requeued": requeued, **decision.extra})
+    if requeued:
+        return status
+    if decision.requeue:
+        _release_term(held)
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
@@ -322,6 +331,24 @@ def decide(e: Ending) -> Decision:
                         f"{e.failures} failed attempts, more than train.preemption.max_failures "
                         f"({e.max_failures})")
     return Decision(requeue, why, tuple(said), extra)
+
+
+def _hold_term():
+    """Ignore SIGTERM until :func:`_release_term` (the previous handler; None off the main
+    thread, where it cannot be set)."""
+    import signal
+
+    try:
+        return signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:
+        return None
+
+
+def _release_term(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _requeue(job_id: str, out) -> bool:
