@@ -50,10 +50,15 @@ def _attempt_job(run_dir: str):
 def attempt_begin(run_dir):
     """Before the ranks start: earlier attempts' records, the failure budget, the checkpoint
     directory's owner. Exits non-zero when the attempt must not run."""
+    from ..errors import UserError
     from ..runs import attempts
 
-    code = attempts.begin(Path(run_dir), _attempt_job(run_dir),
-                          out=lambda line: click.echo(line, err=False))
+    try:
+        code = attempts.begin(Path(run_dir), _attempt_job(run_dir),
+                              out=lambda line: click.echo(line, err=False))
+    except (UserError, OSError) as e:
+        # said in the job's log (exit 2) and kept where `status` and `submit --wait` read it
+        raise UserError(attempts.begin_failed(Path(run_dir), e)) from None
     raise click.exceptions.Exit(code)
 
 

@@ -142,7 +142,7 @@ class StatusRecord(Record):
         s, r = self.state, self.results
         name = f" ({self.name})" if self.name else ""
         out = [f"job {s.job_id}{name}: {self.line()}"]
-        details = [exit_words(s.exit_code) if s.exit_code else None,
+        details = [exit_words(s.exit_code, s.stdout) if s.exit_code else None,
                    f"requeued {s.restarts} time(s)" if s.restarts else None,
                    f"MaxRSS {s.max_rss}" if s.max_rss else None, f"from {s.source}"]
         out.append("  " + ", ".join(d for d in details if d))
@@ -266,7 +266,8 @@ def last_frames(lines: list[str], keep: int = 3) -> str | None:
 
 def error_rank(e: dict) -> str:
     """Which rank reported it, and on which node: ``rank 1 on node2``."""
-    return f"rank {e['rank']}" + (f" on {e['node']}" if e.get("node") else "")
+    who = f"rank {e['rank']}" if e.get("rank") is not None else "the batch script"
+    return who + (f" on {e['node']}" if e.get("node") else "")
 
 
 def error_said(e: dict) -> str:
@@ -361,13 +362,21 @@ def never_ran(entry: dict | None) -> bool:
                 and not Path(entry["run_dir"]).exists())
 
 
-def exit_words(code: str) -> str:
+# Slurm's "signal" 53 (0:53): slurmd could not open the batch script's output or error file.
+LOG_UNOPENED = 53
+
+
+def exit_words(code: str, log: str | None = None) -> str:
     """Slurm's ``EXIT:SIGNAL`` in words: "exit 0:10 (the batch script was killed by SIGUSR1)"
     when a signal ended it (a warning signal that came before the script could trap it, in
-    its first moments, or a kill)."""
+    its first moments, or a kill); 0:53 is Slurm's for a log (``log``) it could not open."""
     import signal
 
     _, _, number = (code or "").partition(":")
+    if number == str(LOG_UNOPENED):
+        return (f"exit {code}: the batch script never started: Slurm could not open its log "
+                f"{log or 'named by --output'}; the job's user must be able to create and "
+                "write it on the compute node (the directory must exist there)")
     if number.isdigit() and int(number):
         try:
             name = signal.Signals(int(number)).name

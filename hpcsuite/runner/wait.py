@@ -74,7 +74,8 @@ class Outcome(Record):
         from .status import error_rank, error_said, exit_words, reported_error
 
         said = reported_error(Path(self.run_dir)) if self.run_dir else None
-        head = f"job {self.job_id} ended {self.state.state} ({exit_words(self.state.exit_code)})"
+        head = f"job {self.job_id} ended {self.state.state} " \
+               f"({exit_words(self.state.exit_code, self.state.stdout)})"
         if said is None:
             return f"{head}; last lines of {self.log}:\n{self.tail}"
         head += f": {error_rank(said)}: {error_said(said)}"

@@ -185,6 +185,21 @@ def begin(run_dir: Path, job, out=print) -> int:
     return 0
 
 
+def begin_failed(run_dir: Path, e: Exception) -> str:
+    """What stopped ``attempt begin`` before the ranks (a checkpoint directory it cannot
+    create, a damaged record), kept in the attempt's FAILED marker for `status`; the line."""
+    text = str(e) if isinstance(e, UserError) else \
+        f"{getattr(e, 'filename', None) or ''}: {getattr(e, 'strerror', None) or e}".lstrip(": ")
+    said = f"attempt {attempt_number()} could not start: {text}"
+    marker = RunDir(run_dir).failed(attempt_number())
+    try:
+        if not marker.exists():
+            marker.write_text(f"exit 2\nnode: {current().node}\nerror: {said}\n")
+    except OSError:
+        pass                              # the log still says it
+    return said
+
+
 def _outcome(run_dir: Path, n: int, status: int, job) -> tuple[str, int | None, str | None]:
     """How attempt ``n`` ended, from the launcher's ``status`` and rank 0's marker: (outcome,
     the step its work is saved at, the stop signal the batch shell got when the launcher

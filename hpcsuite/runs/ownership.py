@@ -89,6 +89,27 @@ def release(root: Path, job_id: str) -> None:
 
 
 # ------------------------------------------------------------------- before submitting
+def check_writable(root: Path, shown: str) -> None:
+    """Refuse a checkpoint directory the job could not write (a read-only filesystem, a
+    directory of another user's): it would fail before its first step, said only in its log."""
+    where = next((p for p in (root, *root.parents) if p.exists()), None)
+    if where is None or os.access(where, os.W_OK | os.X_OK) and where.is_dir():
+        return
+    if not where.is_dir():
+        why = f"{where} is not a directory"
+    else:
+        try:
+            read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        why = f"{where} is on a read-only filesystem" if read_only else \
+            f"{where} is not writable by this user"
+    raise UserError(f"{shown}: train.checkpoint.dir cannot be written ({why}); the job would "
+                    "fail before its first step. Set train.checkpoint.dir to a directory the "
+                    "job's user can write on the compute nodes")
+
+
+
 def check_before_submit(job, workdir: str | Path) -> None:
     """Refuse, before sbatch, what would go wrong in the job: a checkpoint directory another
     live job owns, or one whose newest checkpoint already finished this run (resubmitting it
@@ -98,6 +119,7 @@ def check_before_submit(job, workdir: str | Path) -> None:
         return
     root = Path(ck.dir) if ck.dir else RunRoot.of(job.output_dir, job.name).checkpoints
     root = (Path(workdir) / root).absolute() if not root.is_absolute() else root
+    check_writable(root, _shown(root, workdir))
     check_owner(root)
     newest = newest_checkpoint(root)
     if newest is None:
