@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..records import Record, record
+from ..runs import monitor_failures
 from ..runs.mlflow_store import summary, summary_line
 from ..runs.rundir import RunDir
 
@@ -128,6 +129,8 @@ class StatusRecord(Record):
         if tracked:
             payload["tracking"] = tracked
         payload["script"] = self.script or None
+        # train.monitor: the ranks that could not write their Prometheus textfile
+        payload["monitor"] = monitor_failures.summary(self.run_dir)
         payload["attempts"] = {"records": self.records, "count": c.attempts,
                                "completed": c.completed, "preempted": c.preempted,
                                "failed": c.failed}
@@ -159,6 +162,11 @@ class StatusRecord(Record):
                 out.append(f"  whole run: {describe_run(r)}")
             out += [f"  {line}" for line in gpu_lines(r)]
         out += [f"  {line}" for line in slow_rank_lines(self.progress, r)]
+        if r is not None:
+            from ..runs.comm_bound import line as comm_line
+
+            bound = comm_line(r, self.run_dir)
+            out += [f"  {bound}"] if bound else []
         out += [f"  {line}" for line in self.script_lines()]
         if self.records:
             out.append(f"  attempts: {attempts.counts(self.records).in_words()}; last: "
@@ -171,6 +179,9 @@ class StatusRecord(Record):
         tracked = summary_line(self.run_dir) if self.run_dir else None
         if tracked:      # train.tracking: the MLflow run, a fall-back, a loss
             out.append(f"  {tracked}")
+        unwritten = monitor_failures.summary_line(self.run_dir)
+        if unwritten:    # train.monitor.prometheus_dir: a textfile a rank could not write
+            out.append(f"  {unwritten}")
         if self.run_dir:
             out.append(f"  run directory: {self.run_dir}")
         return out

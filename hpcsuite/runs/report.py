@@ -60,6 +60,11 @@ def slow_rank_findings(run_dir: Path) -> list[str]:
     balance = results.rank_balance or {}
     slow = balance.get("slow_rank")
     if not isinstance(slow, dict) or slow.get("rank") is None:
+        from .comm_bound import line as comm_line
+
+        bound = comm_line(results, run_dir)
+        if bound:
+            return [bound]
         own = balance.get("own_s") or []
         if results.mode == "script" and len(own) > 1 and all(t is None for t in own):
             return ["slow rank: not watched: the script's allreduce was not timed, and a step "

@@ -340,6 +340,7 @@ def _metrics_line(metrics: dict) -> str:
 
 
 def summarize(run_dir: str | Path) -> str:
+    from .comm_bound import line as comm_line
     from .world_change import in_words as world_change_in_words
 
     run_dir = Path(run_dir)
@@ -364,6 +365,7 @@ def summarize(run_dir: str | Path) -> str:
           if r.checkpoints else []),
         *([f"  stopped: {describe_stop(r)}"] if r.stop else []),
         *([f"  attempts: {describe_attempts(r.attempts)}"] if len(r.attempts) > 1 else []),
+        *([f"  {bound}"] if (bound := comm_line(r, run_dir)) else []),
         f"  outputs: {run_dir}",
     ]
     return "\n".join(lines)
