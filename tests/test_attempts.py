@@ -339,3 +339,20 @@ def test_requeued_is_recorded_from_what_slurm_answered(tmp_path, monkeypatch):
     code, lines = end(run, job(requeue=True), 0, 0, monkeypatch, marker="30 signal\n")
     assert "scontrol requeue 42 failed: scontrol: error: Job has already finished" in lines[-1]
     assert attempts.read_records(run)[-1]["requeued"] is False
+
+
+def test_each_attempt_records_the_step_it_reached(tmp_path, calls, monkeypatch):
+    """Issue 51, point 16: a failed attempt at step 130 and a completed one at 500 were
+    recorded with "step": null."""
+    from hpcsuite.runs.results import write_json_atomic
+    from hpcsuite.runs.rundir import RunDir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    j = job(max_failures=1)
+    write_json_atomic(RunDir(run).progress, {"step": 130})
+    end(run, j, 1, 0, monkeypatch)
+    assert attempts.read_records(run)[-1]["step"] == 130
+    write_json_atomic(RunDir(run).attempt_results(1), {"final_step": 500})
+    end(run, j, 0, 1, monkeypatch)
+    assert [r["step"] for r in attempts.read_records(run)] == [130, 500]

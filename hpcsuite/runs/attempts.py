@@ -185,6 +185,24 @@ def begin(run_dir: Path, job, out=print) -> int:
     return 0
 
 
+def _reached(run_dir: Path, n: int) -> int | None:
+    """The step attempt ``n`` reached when rank 0 said none: its results' final step (it
+    completed), else the step progress.json last showed (it failed on the way)."""
+    from .results import read_progress
+
+    rd = RunDir(run_dir)
+    try:
+        step = json.loads(rd.attempt_results(n).read_text()).get("final_step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    if not isinstance(step, int):
+        try:
+            step = (read_progress(run_dir) or {}).get("step")
+        except UserError:
+            step = None
+    return step if isinstance(step, int) else None
+
+
 def begin_failed(run_dir: Path, e: Exception) -> str:
     """What stopped ``attempt begin`` before the ranks (a checkpoint directory it cannot
     create, a damaged record), kept in the attempt's FAILED marker for `status`; the line."""
@@ -244,6 +262,8 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     pre = job.train.preemption
     marker = RunDir(run_dir).preempted
     outcome, step, stop = _outcome(run_dir, n, status, job)
+    if step is None:
+        step = _reached(run_dir, n)
     saved_at = None
     if outcome == UNSAVED and job.train.checkpoint.enabled:
         newest = newest_checkpoint(checkpoint_root(job, run_dir))
