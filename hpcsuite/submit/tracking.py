@@ -139,9 +139,9 @@ def store_problem(uri: str | None, experiment: str) -> str | None:
     if not uri or uri.lower().startswith(("http:", "https:", "sqlite:")):
         return None
     if uri.lower().startswith("file:"):
-        from ..runs.mlflow_store import file_path
+        from urllib.request import url2pathname
 
-        path = file_path(uri)
+        path = Path(url2pathname(urlsplit(uri).path))
     else:
         path = Path(uri)
     path = path.absolute()
