@@ -119,7 +119,7 @@ def jobs_in_queue(env) -> list[str]:
 
 @pytest.mark.parametrize("smuggle, said", [
     ("#SBATCH --chdir=/tmp", "--chdir is not allowed here (run directories are relative to the "
-                             "submit directory; hpcsuite refuses it from any template)"),
+                             "submit directory; sbatch_allowed cannot allow it)"),
     ("#SBATCH --reservation=maint", "--reservation is not allowed here (the job does not ask for "
                                     "it and the site's sbatch_allowed does not list it"),
     ("#SBATCH --qos=high", "--qos is not allowed here (hpcsuite writes it from resources.qos"),

@@ -90,18 +90,21 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
+    """The site profile, in the site directory whose templates/ the tests' site template is."""
     path = tmp_path_factory.mktemp("site") / "profile.yaml"
     path.write_text(PROFILE)
-    return str(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HPCSUITE_SITE_DIR", str(path.parent))
+        yield str(path)
 
 
 def script_of(tmp_path, profile, sets, header=()):
     """The script hpcsuite renders for SPEC with ``sets``; ``header``: #SBATCH lines a site's
-    template (a project template here) adds after hpcsuite's own."""
+    template adds after hpcsuite's own."""
     spec = tmp_path / "rules.yaml"
     spec.write_text(SPEC)
-    if header:
-        templates = tmp_path / ".hpcsuite" / "templates"
+    if header:                         # the site's own template (a user's adds none of these)
+        templates = Path(profile).parent / "templates"
         templates.mkdir(parents=True, exist_ok=True)
         (templates / "legacy.sbatch.j2").write_text(
             '{% extends "builtin/horovod.sbatch.j2" %}\n{% block sbatch %}{{ super() }}'

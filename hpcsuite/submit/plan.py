@@ -206,14 +206,15 @@ def asked_options(job: JobSpec, array: ArrayPlan | None = None) -> set[str]:
 
 def unasked_problem(option: str, asked: set[str], allowed: list[str], strict: bool) -> str | None:
     """Why the header may not carry ``option``, which the job did not ask for (None: it may).
-    Options that break a job under hpcsuite are refused from any template; ``strict`` (a
-    template the site did not write: a user's, a project's, --template-dir's) refuses every
-    other one unless the site lists it in sbatch_allowed."""
-    if option in asked:
+    ``strict``: a template the site did not write (a user's, a project's, --template-dir's)
+    adds none that breaks a job under hpcsuite, and no other unless the site lists it in
+    sbatch_allowed. The site's own templates are the site's word (`templates validate` and
+    lint's Slurm rules read them)."""
+    if option in asked or not strict:
         return None
     if option in REFUSED_OPTIONS:
-        return f"{REFUSED_OPTIONS[option]}; hpcsuite refuses it from any template"
-    if not strict or option in allowed:
+        return f"{REFUSED_OPTIONS[option]}; sbatch_allowed cannot allow it"
+    if option in allowed:
         return None
     if option in MANAGED_OPTIONS:
         return (f"hpcsuite writes it from {MANAGED_OPTIONS[option]}, which this job leaves "
