@@ -5,9 +5,9 @@ and 5.x), the Hydra mpiexec of MPICH and Intel MPI (``PMI_RANK``/``PMI_SIZE``,
 ``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``), srun with PMIx (``PMIX_RANK``) or PMI-2
 (``PMI_RANK``), or srun alone (``SLURM_PROCID``...). Under mpirun and mpiexec the launcher's
 daemons are themselves started by srun, so the SLURM_* task variables describe a daemon (one per
-node), not the rank: the launcher's own variables come first. Slurm's job id and node name
-(``SLURMD_NODENAME``, which on nodes that share a host differs from the host name) come from
-Slurm whoever started the ranks.
+node), not the rank: the launcher's own variables come first. Slurm's job id, cluster and node
+name (``SLURMD_NODENAME``, which on nodes that share a host differs from the host name) come
+from Slurm whoever started the ranks.
 
 An entry point reads it once (:func:`current`) and hands it on; tests build it from a dict
 (:func:`from_env`). Like submitit's ``JobEnvironment``. A leaf: the batch shell's commands
@@ -30,6 +30,7 @@ class World:
     node: str = ""                    # the Slurm node (SLURMD_NODENAME), else the host name
     host: str = ""                    # the machine's host name
     job_id: str | None = None         # SLURM_JOB_ID
+    cluster: str | None = None        # SLURM_CLUSTER_NAME: job ids repeat across clusters
     array_job_id: str | None = None   # SLURM_ARRAY_JOB_ID, in an element of a job array
     array_task_id: str | None = None  # SLURM_ARRAY_TASK_ID
     attempt: int = 0                  # how often Slurm requeued the job (SLURM_RESTART_COUNT)
@@ -88,6 +89,7 @@ def from_env(env=os.environ, hostname: str | None = None) -> World:
     return World(rank=rank, size=size, local_rank=local_rank or 0,
                  local_size=local_size or 1, node=env.get("SLURMD_NODENAME") or host, host=host,
                  job_id=env.get("SLURM_JOB_ID") or None,
+                 cluster=env.get("SLURM_CLUSTER_NAME") or None,
                  array_job_id=env.get("SLURM_ARRAY_JOB_ID") or None,
                  array_task_id=env.get("SLURM_ARRAY_TASK_ID") or None,
                  attempt=_int(env, "SLURM_RESTART_COUNT", 0) or 0, started_by=started_by)

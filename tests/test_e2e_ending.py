@@ -92,7 +92,7 @@ def test_a_raising_rank_ends_the_job_at_once_and_runs_says_where(local_cluster, 
     # Both ranks' Prometheus textfiles say the job ended, failed: the one that raised and the
     # one its failure ended.
     for rank in (0, 1):
-        text = (tmp_path / "prom" / f"hpcsuite-{job_id}-rank-{rank}.prom").read_text()
+        text = next((tmp_path / "prom").glob(f"hpcsuite-*-*-{job_id}-rank-{rank}.prom")).read_text()
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert families["hpcsuite_job_running"].samples[0].value == 0, text
         assert families["hpcsuite_job_ended"].samples[0].labels["status"] == "failed"

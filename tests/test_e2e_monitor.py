@@ -35,7 +35,7 @@ def test_monitored_job_records_utilisation_and_prometheus(local_cluster, tmp_pat
     status = run_cli("status", "mon", cwd=tmp_path, env=env, check=True).stdout
     assert "results: completed" in status and "GPU" not in status
     for rank in (0, 1):
-        text = (tmp_path / "prom" / f"hpcsuite-{payload['job_id']}-rank-{rank}.prom").read_text()
+        text = next((tmp_path / "prom").glob(f"hpcsuite-*-*-{payload['job_id']}-rank-{rank}.prom")).read_text()
         families = {f.name: f for f in text_string_to_metric_families(text)}
         step = families["hpcsuite_step"].samples[0]
         # The file's last write is the end: the final step, and the job said ended.

@@ -88,7 +88,7 @@ def test_a_script_whose_rank_1_works_twice_as_long_names_it(local_cluster, tmp_p
     assert "slow rank: rank 1 on node2: its own work" in text, text
     report = run_cli("report", "script-slow", cwd=tmp_path, env=env, check=True).stdout
     assert "slow rank: rank 1 on node2" in report and "own work / wait per step" in report, report
-    text = (tmp_path / "prom" / f"hpcsuite-{payload['job_id']}-rank-0.prom").read_text()
+    text = next((tmp_path / "prom").glob(f"hpcsuite-*-*-{payload['job_id']}-rank-0.prom")).read_text()
     families = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
     assert families["hpcsuite_slow_rank"] == 1 and families["hpcsuite_step_wait_seconds"] > 0
 

@@ -74,7 +74,7 @@ def test_a_rank_slower_all_along_is_named_where_the_user_looks(local_cluster, tm
     progress = json.loads((tmp_path / "runs" / "slow" / payload["job_id"] / "progress.json")
                           .read_text())
     assert progress["slow_rank"]["rank"] == 1
-    text = (tmp_path / "prom" / f"hpcsuite-{payload['job_id']}-rank-0.prom").read_text()
+    text = next((tmp_path / "prom").glob(f"hpcsuite-*-*-{payload['job_id']}-rank-0.prom")).read_text()
     families = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
     assert families["hpcsuite_slow_rank"] == 1 and families["hpcsuite_step_wait_seconds"] > 0
 

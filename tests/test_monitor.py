@@ -1,11 +1,26 @@
 """The utilisation sampler and its Prometheus textfile (no framework, no MPI)."""
 
+import os
+import pwd
 import time
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hpcsuite.runtime.observe.monitor import Sampler
+
+USER = pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.fixture(autouse=True)
+def _cluster(monkeypatch):
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "c1")
+
+
+def _prom(directory, job_id, rank):
+    """Where rank ``rank`` of job ``job_id`` on cluster c1 writes its textfile."""
+    return directory / f"hpcsuite-c1-{USER}-{job_id}-rank-{rank}.prom"
 
 
 def test_sampler_records_cpu_memory_and_the_loops_step(tmp_path, monkeypatch):
@@ -22,11 +37,12 @@ def test_sampler_records_cpu_memory_and_the_loops_step(tmp_path, monkeypatch):
     assert max(s["cpu_percent"] for s in samples) > 30
     assert all(s["rss_bytes"] > 10 * 2**20 for s in samples)
     assert [s["t"] for s in samples] == sorted(s["t"] for s in samples)
-    text = (tmp_path / "prom" / "hpcsuite-42-rank-1.prom").read_text()
+    text = _prom(tmp_path / "prom", 42, 1).read_text()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert {"hpcsuite_step", "hpcsuite_cpu_percent", "hpcsuite_rss_bytes"} <= set(families)
     sample = families["hpcsuite_rss_bytes"].samples[0]
-    assert sample.labels == {"job": "j", "job_id": "42", "rank": "1", "host": "node2"}
+    assert sample.labels == {"job": "j", "job_id": "42", "rank": "1", "host": "node2",
+                             "cluster": "c1", "user": USER}
     assert sample.value > 0
 
 
@@ -46,14 +62,14 @@ def test_the_textfile_carries_each_ranks_own_time_and_wait_and_rank_0_the_slow_r
         sampler.write_prometheus(sampler.sample())
     families = {}
     for rank in (0, 1):
-        text = (tmp_path / f"hpcsuite-7-rank-{rank}.prom").read_text()
+        text = _prom(tmp_path, 7, rank).read_text()
         families[rank] = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
     assert families[0]["hpcsuite_step_own_seconds"] == 0.0016
     assert families[1]["hpcsuite_step_wait_seconds"] == 0.0002
     assert families[0]["hpcsuite_slow_rank"] == 1 and "hpcsuite_slow_rank" not in families[1]
     unknown = Sampler(10, rank=0, prometheus_dir=str(tmp_path / "u"), job="j", host="h")
     unknown.write_prometheus(unknown.sample())          # TensorFlow: not measured, not shown
-    text = (tmp_path / "u" / "hpcsuite-7-rank-0.prom").read_text()
+    text = _prom(tmp_path / "u", 7, 0).read_text()
     assert "hpcsuite_step_own_seconds" not in text and "hpcsuite_slow_rank" not in text
 
 
@@ -70,7 +86,7 @@ def test_the_textfile_ends_with_the_final_values_and_says_the_job_ended(tmp_path
     progress = SimpleNamespace(step=0)
     sampler = Sampler(0.05, rank=0, prometheus_dir=str(tmp_path), job="j", host="h").start(progress)
     time.sleep(0.2)
-    path = tmp_path / "hpcsuite-9-rank-0.prom"
+    path = _prom(tmp_path, 9, 0)
     running = _families(path)
     assert running["hpcsuite_job_running"].samples[0].value == 1
     assert "hpcsuite_job_end_time_seconds" not in running and "hpcsuite_job_ended" not in running
@@ -96,12 +112,12 @@ def test_a_failing_rank_writes_the_end_through_end_all(tmp_path, monkeypatch):
     progress.step = 4
     monitor.end_all("failed")
     assert sampler not in monitor._ACTIVE
-    ended = _families(tmp_path / "hpcsuite-10-rank-1.prom")
+    ended = _families(_prom(tmp_path, 10, 1))
     assert ended["hpcsuite_step"].samples[0].value == 4
     assert ended["hpcsuite_job_ended"].samples[0].labels["status"] == "failed"
     assert ended["hpcsuite_job_running"].samples[0].value == 0
     sampler.stop("completed")            # a later stop does not rewrite how it ended
-    assert _families(tmp_path / "hpcsuite-10-rank-1.prom")["hpcsuite_job_ended"] \
+    assert _families(_prom(tmp_path, 10, 1))["hpcsuite_job_ended"] \
         .samples[0].labels["status"] == "failed"
 
 
@@ -118,7 +134,70 @@ def test_the_end_passes_promtool(tmp_path, monkeypatch):
     sampler = Sampler(10, rank=0, prometheus_dir=str(tmp_path), job="j", host="h")
     sampler.balance = (0.001, 0.0002, {"rank": 1})
     sampler.start(SimpleNamespace(step=5)).stop("completed")
-    text = (tmp_path / "hpcsuite-11-rank-0.prom").read_text()
+    text = _prom(tmp_path, 11, 0).read_text()
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_textfile_is_named_by_cluster_user_and_job_and_its_labels_say_them(tmp_path,
+                                                                              monkeypatch):
+    """Issue 51: job ids repeat (a reset Slurm, clusters sharing a directory); the name and
+    the labels tell one cluster's and one user's job from another's."""
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "gpu-west")
+    Sampler(10, rank=3, prometheus_dir=str(tmp_path), job="j", host="h").start(
+        SimpleNamespace(step=1)).stop()
+    [path] = tmp_path.iterdir()
+    assert path.name == f"hpcsuite-gpu-west-{USER}-42-rank-3.prom"
+    for family in _families(path).values():
+        assert all(s.labels["cluster"] == "gpu-west" and s.labels["user"] == USER
+                   for s in family.samples)
+
+
+def test_without_slurms_cluster_name_the_name_says_local_or_unknown(tmp_path, monkeypatch):
+    from hpcsuite.runtime.observe.monitor import cluster_name
+    from hpcsuite.world import from_env
+
+    monkeypatch.delenv("SLURM_CLUSTER_NAME")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    outside = Sampler(10, rank=0, prometheus_dir=str(tmp_path / "a"), job="j", host="h")
+    assert outside.prom_path.name == f"hpcsuite-local-{USER}-local-rank-0.prom"
+    assert outside.labels["cluster"] == "local"
+    assert cluster_name(from_env({"SLURM_JOB_ID": "5"}, hostname="h")) == "unknown"
+    assert from_env({"SLURM_CLUSTER_NAME": "c9"}, hostname="h").cluster == "c9"
+
+
+def test_the_names_parts_are_kept_safe_as_a_file_name():
+    from hpcsuite.runtime.observe.monitor import textfile_name
+
+    assert textfile_name("../c l", "ann/b\n", "7_2", 1) == \
+        "hpcsuite-.._c_l-ann_b_-7_2-rank-1.prom"
+    assert textfile_name("", "x@corp", "7", 0) == "hpcsuite-_-x@corp-7-rank-0.prom"
+    assert len(textfile_name("c" * 300, "u", "7", 0)) < 100
+
+
+def test_a_stale_file_of_another_user_or_job_does_not_stop_this_jobs_metrics(tmp_path,
+                                                                              monkeypatch):
+    """A file this job may not replace (as root here: a directory in its way) where the old
+    name, another user's name or another job id's name would be: this job writes its own."""
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    stale = [tmp_path / "hpcsuite-42-rank-0.prom",                  # the old name of job 42
+             tmp_path / "hpcsuite-c1-someone-42-rank-0.prom",       # another user's job 42
+             tmp_path / "hpcsuite-c2-someone-42-rank-0.prom",       # another cluster's job 42
+             _prom(tmp_path, 41, 0)]                                # an older job of this user's
+    for path in stale:
+        (path / "in-the-way").mkdir(parents=True)
+    run_dir = tmp_path / "run"
+    progress = SimpleNamespace(step=0)
+    sampler = Sampler(0.05, rank=0, prometheus_dir=str(tmp_path), job="j", host="h",
+                      run_dir=run_dir).start(progress)
+    time.sleep(0.2)
+    progress.step = 12
+    sampler.stop()
+    assert sampler.prom_path == _prom(tmp_path, 42, 0)
+    mine = _families(_prom(tmp_path, 42, 0))
+    assert mine["hpcsuite_step"].samples[0].value == 12
+    assert mine["hpcsuite_job_running"].samples[0].value == 0
+    assert all((p / "in-the-way").is_dir() for p in stale)
+    assert not (run_dir / "monitor").exists()                       # nothing failed

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..records import Record, record
-from ..runs import monitor_failures
 from ..runs.mlflow_store import summary, summary_line
 from ..runs.rundir import RunDir
 
@@ -108,7 +107,7 @@ class StatusRecord(Record):
 
     def to_json(self) -> dict:
         """`status --json`."""
-        from ..runs import attempts
+        from ..runs import attempts, monitor_failures
         from ..runs.gpu_use import gpu_verdict
 
         payload = {**self.state.to_json(), "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -138,7 +137,7 @@ class StatusRecord(Record):
 
     def lines(self) -> list[str]:
         """`status` as text."""
-        from ..runs import attempts
+        from ..runs import attempts, monitor_failures
         from ..runs.gpu_use import gpu_lines
         from ..runs.results import describe_run, describe_stop
 

@@ -34,29 +34,37 @@ class Outcome(Record):
         return EXIT_CODES[self.exit_class]
 
     def to_json(self) -> dict:
+        from ..runs import monitor_failures
+
         payload = {"job_id": self.job_id, "state": self.state.state, "run_dir": self.run_dir}
         if self.results is not None:
             payload["results"] = self.results.to_json()
         tracked = summary(self.run_dir) if self.run_dir else None
         if tracked:             # train.tracking: the MLflow run, a fall-back, a loss
             payload["tracking"] = tracked
+        unwritten = monitor_failures.summary(self.run_dir)
+        if unwritten:           # train.monitor: ranks that could not write their textfile
+            payload["monitor"] = unwritten
         return payload
 
     def summary(self) -> str:
         """A completed or stopped job in words: its results, and in script mode the ranks that
         trained alone, or that its script records nothing through hpcsuite.api."""
+        from ..runs import monitor_failures
         from ..runs.results import summarize
         from ..runs.script_ranks import lines, read
 
         said = lines(read(self.run_dir) if self.run_dir else [], self.job_id,
                      self.results is not None)
+        unwritten = [f"  {line}" for line in [monitor_failures.summary_line(self.run_dir)] if line]
         if self.results is not None:
             return "\n".join([summarize(self.run_dir), *(f"  {line}" for line in said),
-                              *(f"  {line}" for line in self.tracking_lines())])
+                              *(f"  {line}" for line in self.tracking_lines()), *unwritten])
         if not said:
-            return f"job {self.job_id} completed; no results.json in {self.run_dir}"
-        return "\n".join(line if line.startswith("warning") else f"job {self.job_id} {line}"
-                         for line in said)
+            return "\n".join([f"job {self.job_id} completed; no results.json in {self.run_dir}",
+                              *unwritten])
+        return "\n".join([*(line if line.startswith("warning") else f"job {self.job_id} {line}"
+                            for line in said), *unwritten])
 
     def tracking_lines(self) -> list[str]:
         """train.tracking: the MLflow run and its store, where it fell back to, what lost it."""

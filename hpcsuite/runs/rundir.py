@@ -26,6 +26,7 @@ through its context (:meth:`RunDir.template_names`), so bash and Python cannot d
             results.json                 the latest attempt, with every attempt's summary
             results-attempt-N.json       each attempt's own record
             rank-R.json                  rank R's own record (steps, step times, checksum)
+            monitor/rank-R.json          rank R could not write its Prometheus textfile
             logs/rank-R.log              rank R's log, every attempt appended
             ledger/rank-R-attempt-N.txt  sample ids trained (train.ledger)
             horovod-timeline.json        Horovod's timeline of the whole run (train.horovod.timeline)
@@ -91,6 +92,7 @@ ALLREDUCE_CSV = "allreduce.csv"
 PREFLIGHT = "preflight.json"
 MLFLOW = "mlflow.json"
 MLRUNS = "mlruns"
+MONITOR = "monitor"
 LOSS_PLOT = "loss.png"
 THROUGHPUT_PLOT = "throughput.png"
 UTILISATION_PLOT = "utilisation.png"
@@ -159,10 +161,6 @@ def startup_name(attempt: int | str) -> str:
     return f"{STARTUP}/attempt-{attempt}"
 
 
-def startup_word_name(rank: int | str) -> str:
-    return f"rank-{rank}.json"
-
-
 def script_word_name(attempt: int | str, rank: int | str) -> str:
     return f"{SCRIPT_WORDS}/attempt-{attempt}/rank-{rank}.json"
 
@@ -171,7 +169,8 @@ def attempt_results_name(attempt: int | str) -> str:
     return f"results-attempt-{attempt}.json"
 
 
-def rank_record_name(rank: int) -> str:
+def rank_record_name(rank: int | str) -> str:
+    """A rank's own record in a directory (the run's, startup/attempt-N/, monitor/)."""
     return f"rank-{rank}.json"
 
 
@@ -307,13 +306,13 @@ class RunDir:
         return self.path / startup_name(attempt)
 
     def startup_word(self, attempt: int | str, rank: int) -> Path:
-        return self.startup(attempt) / startup_word_name(rank)
+        return self.startup(attempt) / rank_record_name(rank)
 
     def net_peer(self, attempt: int | str, rank: int | str) -> Path:
         return self.startup(attempt) / f"net-{rank}.json"
 
     def startup_words(self, attempt: int | str) -> list[Path]:
-        return sorted(self.startup(attempt).glob(startup_word_name("*")))
+        return sorted(self.startup(attempt).glob(rank_record_name("*")))
 
     def script_word(self, attempt: int | str, rank: int) -> Path:
         return self.path / script_word_name(attempt, rank)
@@ -361,6 +360,9 @@ class RunDir:
 
     def rank_record(self, rank: int) -> Path:
         return self.path / rank_record_name(rank)
+
+    def monitor_failure(self, rank: int | str) -> Path:
+        return self.path / MONITOR / rank_record_name(rank)
 
     @property
     def logs(self) -> Path:
@@ -421,9 +423,6 @@ class RunDir:
     @property
     def mlruns(self) -> Path:
         return self.path / MLRUNS
-
-    def plot(self, name: str) -> Path:
-        return self.path / name
 
     # beside it, in the run root
     def slurm_log(self, job_id: str) -> Path:

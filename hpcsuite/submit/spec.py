@@ -169,7 +169,7 @@ class Monitor(Record):
                                                              min=0.05, max=3600.0))
     prometheus_dir: Optional[str] = field(default=None, metadata=meta(
         "a directory (e.g. node_exporter's textfile collector's) where each rank rewrites "
-        "hpcsuite-JOBID-rank-N.prom every sample; relative to the submit directory",
+        "hpcsuite-CLUSTER-USER-JOBID-rank-N.prom every sample; relative to the submit directory",
         pattern=PATH, pattern_help=PATH_HELP, nonempty=True))
     timeline_steps: int = field(default=0, metadata=meta(
         "record a Horovod timeline over this many optimizer steps (0: off), on rank 0's "

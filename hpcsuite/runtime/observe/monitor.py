@@ -4,7 +4,12 @@ A daemon thread wakes every ``interval_seconds`` and records the rank's CPU use 
 process, all its threads, in percent of one core) and resident memory, and with a GPU its
 utilisation and memory (NVML, through nvidia-ml-py). The series goes into results.json; with
 ``prometheus_dir`` each rank also rewrites a node_exporter textfile (written by
-prometheus_client, atomically) so a site's Prometheus scrapes the job while it runs.
+prometheus_client, atomically) so a site's Prometheus scrapes the job while it runs. The file
+is named by cluster, user and job (:func:`textfile_name`) and its metrics carry them as labels:
+a job id Slurm gives again (a reset state, another cluster sharing the directory) never lands on
+another user's or another cluster's file. A write that fails is said in the rank's log and
+recorded in the run directory (:mod:`hpcsuite.runs.monitor_failures`), where `status` and
+`submit --wait` read it; the rank stops writing and trains on.
 The thread only reads counters: its cost is a few syscalls a second. When the rank ends the
 textfile is written once more, with the final values and the end said
 (``hpcsuite_job_running 0``, ``hpcsuite_job_end_time_seconds``, ``hpcsuite_job_ended{status}``):
@@ -20,21 +25,51 @@ error: the rank trains on).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from pathlib import Path
 
 from ...errors import UserError
-from ...world import current
+from ...runs import monitor_failures
+from ...world import World, current
 
 log = logging.getLogger(__name__)
 
 _ACTIVE: list["Sampler"] = []     # started and not yet stopped (end_all)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+@-]")   # what a name part may not hold in a file name
+
+
+def job_user() -> str:
+    """The user this rank runs as (whose files it writes): its login name, else ``uid-N``
+    (a container without the user in its passwd)."""
+    import pwd
+
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid-{uid}"
+
+
+def cluster_name(world: World) -> str:
+    """Slurm's cluster (SLURM_CLUSTER_NAME); ``local`` outside a Slurm job (its job id is
+    ``local`` too), ``unknown`` in a job whose Slurm does not say it."""
+    return world.cluster or ("unknown" if world.job_id else "local")
+
+
+def textfile_name(cluster: str, user: str, job_id: str, rank: int) -> str:
+    """``hpcsuite-CLUSTER-USER-JOBID-rank-N.prom``, each part kept to letters, digits and
+    ``. _ + @ -`` (anything else becomes ``_``) and 64 characters."""
+    parts = [_UNSAFE.sub("_", str(p))[:64] or "_" for p in (cluster, user, job_id)]
+    return f"hpcsuite-{'-'.join(parts)}-rank-{rank}.prom"
 
 
 class Sampler:
     def __init__(self, interval: float, rank: int, device: str = "cpu",
-                 prometheus_dir: str | None = None, job: str = "", host: str = ""):
+                 prometheus_dir: str | None = None, job: str = "", host: str = "",
+                 run_dir: str | Path | None = None):
         try:
             import psutil
         except ImportError:
@@ -52,6 +87,11 @@ class Sampler:
         self.energy_j: float | None = None   # the GPU's joules from start() to stop()
         self._energy0: int | None = None
         self.prom_path = None
+        world, user = current(), job_user()
+        self.attempt, self.run_dir = world.attempt, run_dir   # run_dir: where a failure is said
+        self.labels = {"job": job, "job_id": world.job_id or "", "rank": str(rank),
+                       "host": host, "cluster": cluster_name(world), "user": user}
+        self._written = False       # the first write clears an earlier attempt's failure
         if prometheus_dir:
             directory = Path(prometheus_dir)
             try:
@@ -59,8 +99,8 @@ class Sampler:
             except OSError as e:
                 raise UserError(f"train.monitor.prometheus_dir: cannot create {directory} "
                                 f"({e.strerror})") from None
-            job_id = current().job_id or "local"
-            self.prom_path = directory / f"hpcsuite-{job_id}-rank-{rank}.prom"
+            self.prom_path = directory / textfile_name(cluster_name(world), user,
+                                                       world.job_id or "local", rank)
         self._t0 = time.monotonic()
         self.ended: tuple[str, float] | None = None   # (status, Unix time) once the rank ended
         self._writing = threading.Lock()   # one textfile write at a time: the last is the end
@@ -144,9 +184,15 @@ class Sampler:
             return
         try:
             self.write_prometheus(s)
+            if not self._written and self.run_dir is not None:
+                monitor_failures.clear(self.run_dir, self.rank)
+            self._written = True
         except OSError as e:
             log.warning("train.monitor: cannot write %s (%s); not trying again",
-                        self.prom_path, e.strerror)
+                        self.prom_path, e.strerror or e)
+            if self.run_dir is not None:
+                monitor_failures.record(self.run_dir, self.rank, self.attempt, self.host,
+                                        self.prom_path, str(e.strerror or e))
             self.prom_path = None
         finally:
             self._writing.release()
@@ -170,8 +216,7 @@ class Sampler:
         from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
         registry = CollectorRegistry()
-        labels = {"job": self.job, "job_id": current().job_id or "",
-                  "rank": str(self.rank), "host": self.host}
+        labels = self.labels
         names = list(labels)
 
         def gauge(name: str, doc: str, value: float) -> None:

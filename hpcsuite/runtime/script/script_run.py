@@ -377,7 +377,7 @@ def _sampler(run: Run):
     from ..observe.monitor import Sampler
 
     return Sampler(mon.interval_seconds, run.rank, "cpu", mon.prometheus_dir, run.job.name,
-                   hostname()).start(run)
+                   hostname(), run_dir=run.run_dir).start(run)
 
 
 def _cuda_drain(optimizer):

@@ -183,7 +183,7 @@ class Trainer:
 
         return Sampler(mon.interval_seconds, self.backend.rank,
                        getattr(self.backend, "device", "cpu"), mon.prometheus_dir, self.job.name,
-                       hostname()).start(p)
+                       hostname(), run_dir=self.run_dir).start(p)
 
     def train_epoch(self, data, sharder: Sharder, p: Progress, policy: Policy) -> str | None:
         """Train from ``p.cursor`` to the end of its epoch; the stop reason, if stopped.
