@@ -11,7 +11,7 @@ PACKAGE = REPO / "hpcsuite"
 ROOMS = ("cli", "runner", "submit", "runs", "study", "sweep", "site", "runtime")
 # the shared core, at the top
 LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce_sizes",
-          "fabrics", "gpuhealth", "world")
+          "fabrics", "gpuhealth", "world", "mpis")
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
 
 # What each room may import besides itself and the core leaves.
@@ -26,7 +26,7 @@ ALLOWED = {
     # submit.config: script mode tried by hand resolves its spec as `hpcsuite submit` would
     "runtime": {"submit.spec", "submit.values", "submit.config", "runs.rundir", "runs.results", "runs.attempts",
                 "runs.stragglers", "runs.checkpoint_dir", "runs.script_ranks", "runs.world_change",
-                "runs.mlflow_store", "models"},
+                "runs.mlflow_store", "runs.mlflow_run", "runs.monitor_failures", "models"},
 }
 
 # runtime/'s rooms (docs/ARCHITECTURE.md, "runtime/ inside"), each importing only those listed:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from hpcsuite import mpis
 from hpcsuite.errors import UserError
 from hpcsuite.runtime.frameworks import horovod_mpi
 MAPS = """\
@@ -34,7 +35,7 @@ def test_the_first_libmpi_mapped_is_the_one_horovod_loaded():
 
 @pytest.mark.parametrize("version", sorted(VERSIONS))
 def test_each_library_fits_its_own_flavour_only(version):
-    for flavour in horovod_mpi.FAMILIES:
+    for flavour in mpis.FLAVOURS:
         why = horovod_mpi.mismatch(flavour, version)
         assert (why is None) == (VERSIONS[version] == flavour), (flavour, version, why)
 

@@ -135,7 +135,8 @@ LOGIN_THIRD_PARTY = {"click._textwrap", "jinja2.sandbox"}
 LOGIN_HPCSUITE = {"hpcsuite", "hpcsuite.cli", "hpcsuite.cli.submit_cmd", "hpcsuite.errors",
                   "hpcsuite.fabrics", "hpcsuite.records", "hpcsuite.shell", "hpcsuite.templates",
                   "hpcsuite.usercode", "hpcsuite.runner", "hpcsuite.runs", "hpcsuite.runs.rundir",
-                  "hpcsuite.runs.mlflow_store", "hpcsuite.submit"}
+                  "hpcsuite.runs.mlflow_store", "hpcsuite.submit",
+                  "hpcsuite.mpis"}   # what an MPI is: mpi_flavours' records (2 ms)
 LOGIN_ROOMS = ("hpcsuite.runner.", "hpcsuite.submit.")
 ALL_MODULES = """
 import json, sys

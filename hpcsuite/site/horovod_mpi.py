@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 
-from .. import slurm
+from .. import mpis, slurm
 from ..errors import UserError
 
 # Run in the job's Python: find Horovod's compiled libraries without importing horovod (which
@@ -67,16 +66,11 @@ LAUNCHERS = ("mpirun", "mpiexec")
 
 def mpi_identity(text: str) -> tuple[str, str] | None:
     """(family, version) from a launcher's ``--version`` or a library's
-    ``MPI_Get_library_version``: ('openmpi', '5.0.11'), ('mpich', '4.0.2'), ('intelmpi',
-    '2021.19'); None when neither says which MPI it is."""
-    rules = (("openmpi", r"\(Open MPI\)\s+v?(\d[\w.]*)|Open MPI v(\d[\w.]*)"),
-             ("intelmpi", r"Intel\(R\) MPI Library[^\d]*?(\d+\.\d+(?:\.\d+)?)"),
-             ("mpich", r"MPICH Version:\s+(\d[\w.]*)|HYDRA build details:[\s\S]*?Version:\s+(\d[\w.]*)"))
-    for family, pattern in rules:
-        m = re.search(pattern, text)
-        if m:
-            return family, next(g for g in m.groups() if g)
-    return None
+    ``MPI_Get_library_version``: ('openmpi', '5.0.11'), ('mpich', '4.0.2') (Cray MPICH and
+    MVAPICH2 too), ('intelmpi', '2021.19'); None when no library of :mod:`hpcsuite.mpis` reads
+    it."""
+    found = mpis.identify(text)
+    return (found.library.family, found.version) if found else None
 
 
 def launcher_on_path(path: str | None = None) -> tuple[str, str] | None:
@@ -89,8 +83,8 @@ def launcher_on_path(path: str | None = None) -> tuple[str, str] | None:
 
 
 def launcher_identity(env: dict[str, str]) -> dict:
-    """{launcher, path, family, version, text} of the MPI launcher on the environment's PATH,
-    or {error}."""
+    """{launcher, path, family, version, flavour} of the MPI launcher on the environment's PATH
+    (flavour: the mpi.flavour that covers it, or None), or {error}."""
     found = launcher_on_path(env.get("PATH"))
     if found is None:
         return {"error": "no mpirun or mpiexec on PATH"}
@@ -100,11 +94,12 @@ def launcher_identity(env: dict[str, str]) -> dict:
     except UserError as e:
         return {"error": f"{path} --version: {e}"}
     text = (done.stdout + done.stderr).strip()
-    who = mpi_identity(text)
-    if who is None:
+    found = mpis.identify(text)
+    if found is None:
         return {"error": f"{path} --version says no MPI hpcsuite knows: "
                          f"{(text.splitlines() or ['nothing'])[0][:120]}"}
-    return {"launcher": name, "path": path, "family": who[0], "version": who[1]}
+    return {"launcher": name, "path": path, "family": found.library.family,
+            "version": found.version, "flavour": mpis.flavour_of(found)}
 
 
 def ask(argv: list[str], timeout: float = 60, env: dict | None = None) -> tuple[int, str]:
@@ -226,10 +221,12 @@ def describe_gpu_build(gpu: dict) -> str:
 
 
 def flavour_on_path(env: dict[str, str]) -> str | None:
-    """The ``mpi.flavour`` of the MPI launcher on the environment's PATH when it is not the
-    default (Open MPI 4): openmpi5 for Open MPI 5 (Debian 13's), whose ranks a profile saying
-    openmpi refuses; None otherwise (the local cluster's profile then says nothing)."""
-    who = launcher_identity(env)
-    if who.get("family") == "openmpi" and who.get("version", "").startswith("5."):
-        return "openmpi5"
+    """The ``mpi.flavour`` of the MPI launcher on the environment's PATH when it is the default
+    flavour's family at other versions: openmpi5 for Open MPI 5 or later (Debian 13's 5), whose
+    ranks a profile saying openmpi refuses; None otherwise (the local cluster's profile then
+    says nothing)."""
+    flavour = launcher_identity(env).get("flavour")
+    default = mpis.FLAVOURS[mpis.DEFAULT]
+    if flavour and flavour != default.name and mpis.FLAVOURS[flavour].family == default.family:
+        return flavour
     return None

@@ -1,18 +1,13 @@
 """`doctor`'s answers about versions: the Slurm it meets (``sbatch --version``, ``scontrol show
 config``) with :mod:`hpcsuite.submit.slurm_rules` applied to the site profile's scripts, and the
-MPI family and version its launcher says it is. Pure judges of recorded output: doctor asks."""
+MPI its launcher says it is against the flavour's record (:mod:`hpcsuite.mpis`). Pure judges of
+recorded output: doctor asks."""
 
 from __future__ import annotations
 
+from .. import mpis
 from ..errors import UserError
 from ..submit.slurm_rules import SlurmFacts, dotted, facts_from, pmix_topology_note, script_hits
-from .horovod_mpi import mpi_identity
-
-# What the launcher of each mpi.flavour prints and is called (submit/mpi_flavours.py owns the
-# launch line; doctor asks the same program).
-FAMILIES = {"openmpi": ("openmpi", "mpirun"), "openmpi5": ("openmpi", "mpirun"),
-            "mpich": ("mpich", "mpiexec"), "intelmpi": ("intelmpi", "mpiexec")}
-NAMES = {"openmpi": "Open MPI", "mpich": "MPICH", "intelmpi": "Intel MPI"}
 
 
 def slurm_line(facts: SlurmFacts) -> str:
@@ -49,20 +44,24 @@ def judge_slurm(version: tuple[int, str], config: tuple[int, str],
     return "pass", f"{seen}: no rule of Slurm 23.02-26.05 fires", ""
 
 
-def judge_mpi(code: int, out: str, flavour: str = "openmpi") -> tuple[str, str, str]:
-    """(status, detail, hint) of the flavour's launcher's ``--version`` (exit code, output)."""
-    family, program = FAMILIES.get(flavour, FAMILIES["openmpi"])
+def judge_mpi(code: int, out: str, flavour: str = mpis.DEFAULT) -> tuple[str, str, str]:
+    """(status, detail, hint) of the flavour's launcher's ``--version`` (exit code, output):
+    does the MPI it names belong to the flavour (:data:`hpcsuite.mpis.FLAVOURS`)?"""
+    want = mpis.FLAVOURS.get(flavour, mpis.FLAVOURS[mpis.DEFAULT])
+    program = want.launcher
     first = out.splitlines()[0] if out else ""
     if code != 0:
         return "fail", first or f"{program} exit {code}", \
             "load the MPI module in the profile (modules:) or install the MPI"
-    who = mpi_identity(out)
-    if who is None:
+    found = mpis.identify(out)
+    if found is None:
         return "fail", f"{program} --version says no MPI hpcsuite knows: {first[:120]}", \
-            "set mpi.flavour to the MPI the site loads (openmpi, openmpi5, mpich, intelmpi)"
-    detail = f"{NAMES[who[0]]} {who[1]} ({program} --version)"
-    major5 = who[0] == "openmpi" and who[1].startswith("5.")     # openmpi is 4.x, openmpi5 5.x
-    if who[0] != family or (flavour == "openmpi5") != major5:
+            f"set mpi.flavour to the MPI the site loads ({', '.join(mpis.FLAVOURS)})"
+    detail = f"{found} ({program} --version)"
+    if not want.covers(found):
+        fits = mpis.flavour_of(found)
+        instead = f"set mpi.flavour to {fits} (the MPI on PATH)" if fits else \
+            "set mpi.flavour to the MPI on PATH"
         return "fail", f"{detail}, but the profile's mpi.flavour is {flavour}", \
-            f"set mpi.flavour to the MPI on PATH, or load the {NAMES[family]} module"
+            f"{instead}, or load the {want.words} module"
     return "pass", detail, ""

@@ -5,13 +5,16 @@ launcher": Open MPI's mpirun, the Hydra ``mpiexec`` of MPICH and Intel MPI), how
 environment reaches them, how they are bound to cores, the srun ``--mpi`` plugin it works with,
 and the settings its ranks need (busy-poll yield, the kill timeout, the shared-memory directory
 of nodes that share a host). The knowledge comes from Horovod's runner (``mpi_run.py``): map by
-slot, bind to nothing, ob1 without openib for Open MPI; ``-bind-to none`` for Hydra.
+slot, bind to nothing, ob1 without openib for Open MPI; ``-bind-to none`` for Hydra. Who each
+flavour is (its libraries and versions, its launcher, its srun plugin) is its record in
+:data:`hpcsuite.mpis.FLAVOURS`, which doctor and the rank's check read too.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from .. import mpis
 from ..runs import rundir
 
 RANK_STOP_SECONDS = 10   # a rank's time to save after Slurm's SIGTERM (KillWait bounds it)
@@ -37,19 +40,26 @@ def _bindings(job, mpi, keys):
 class Flavour:
     """Open MPI 4.x, the default: ``mpirun -np N -npernode M --map-by --bind-to -x NAME``."""
 
-    name: ClassVar[str] = "openmpi"
-    family: ClassVar[str] = "Open MPI"
-    command: ClassVar[str] = "mpirun"           # its own launcher (launcher: mpirun)
-    srun_mpi: ClassVar[str] = "pmix"            # srun --mpi unless the profile says
+    record: ClassVar[mpis.MpiFlavour] = mpis.FLAVOURS["openmpi"]
     # Open MPI's shared-memory directory variable (runtime/rank/shm.py sets it per node)
     shm_backing: ClassVar[str | None] = "OMPI_MCA_btl_vader_backing_directory"
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def srun_mpi(self) -> str:
+        """srun's --mpi plugin unless the profile says."""
+        return self.record.srun_mpi
 
     def mpirun(self, ctx) -> list[object]:
         """Horovod's runner flags by default (mpi.binding): fill each node's slots in order
         (under Slurm a node's slots are its tasks per node), no core binding: each rank
         manages its own threads."""
         r = ctx.job.resources
-        argv: list[object] = ["mpirun", "-np", ctx.job.world_size, "-npernode", r.tasks_per_node,
+        argv: list[object] = [self.record.launcher, "-np", ctx.job.world_size,
+                              "-npernode", r.tasks_per_node,
                               "--map-by", binding(ctx, "map_by") or "slot",
                               "--bind-to", binding(ctx, "bind_to") or "none"]
         return argv + self.mca_args(ctx.mpi) + self.env_args(ctx.env_names)
@@ -108,7 +118,7 @@ class OpenMpi5(Flavour):
     deprecated), its shared-memory BTL is ``sm`` (``vader`` is a deprecated alias), and its
     daemons are PRRTE's, which abort on a SIGTERM (:meth:`hold_term`)."""
 
-    name = "openmpi5"
+    record = mpis.FLAVOURS["openmpi5"]
     shm_backing = "OMPI_MCA_btl_sm_backing_directory"
 
     def mpirun(self, ctx) -> list[object]:
@@ -117,7 +127,8 @@ class OpenMpi5(Flavour):
         place, _, modifiers = map_by.partition(":")
         if place == "slot":   # a node's slots in order: ppr keeps -npernode's meaning
             map_by = f"ppr:{r.tasks_per_node}:node" + (f":{modifiers}" if modifiers else "")
-        argv: list[object] = [*self.hold_term(ctx.python), "mpirun", "-np", ctx.job.world_size,
+        argv: list[object] = [*self.hold_term(ctx.python), self.record.launcher,
+                              "-np", ctx.job.world_size,
                               "--map-by", map_by, "--bind-to", binding(ctx, "bind_to") or "none"]
         if "prte_launch_agent" not in ctx.mpi.mca and "prte_launch_agent" not in ctx.mpi.mpirun_args:
             argv += ["--prtemca", "prte_launch_agent", " ".join([*self.hold_term(ctx.python), "prted"])]
@@ -167,15 +178,12 @@ class Mpich(Flavour):
     """MPICH's Hydra: ``mpiexec -n N -ppn M -bind-to none -genvlist A,B``. Under Slurm Hydra
     starts its proxies with srun and reads the nodes from the allocation."""
 
-    name = "mpich"
-    family = "MPICH"
-    command = "mpiexec"
-    srun_mpi = "pmi2"
+    record = mpis.FLAVOURS["mpich"]
     shm_backing = None   # MPICH names its segments uniquely: nodes on one host never collide
 
     def mpirun(self, ctx) -> list[object]:
         r = ctx.job.resources
-        return (["mpiexec", "-n", ctx.job.world_size, "-ppn", r.tasks_per_node]
+        return ([self.record.launcher, "-n", ctx.job.world_size, "-ppn", r.tasks_per_node]
                 + self.binding_args(ctx) + self.env_args(ctx.env_names))
 
     def binding_args(self, ctx) -> list[object]:
@@ -197,8 +205,8 @@ class Mpich(Flavour):
         if mpi.mca != DEFAULT_MCA:
             out.append(("mpi.mca", f"MCA parameters are Open MPI's; {self.name} ignores them"))
         if job.launcher == "srun" and (mpi.srun_mpi or "").startswith("pmix"):
-            out.append(("mpi.srun_mpi", f"{self.family} speaks PMI-2 unless it was built with "
-                        "PMIx (PyPI's mpich is not): use pmi2, or check `mpichversion`"))
+            out.append(("mpi.srun_mpi", f"{self.record.words} speaks PMI-2 unless it was built "
+                        "with PMIx (PyPI's mpich is not): use pmi2, or check `mpichversion`"))
         if job.launcher == "mpirun":   # under srun, srun binds (resources.binding.cpu_bind)
             out += self.binding_problems(job, mpi)
         return out
@@ -216,8 +224,7 @@ class IntelMpi(Mpich):
     """Intel MPI's Hydra: ``mpiexec -n N -ppn M -genvlist A,B``; it pins through I_MPI_PIN and
     I_MPI_PIN_DOMAIN rather than -bind-to."""
 
-    name = "intelmpi"
-    family = "Intel MPI"
+    record = mpis.FLAVOURS["intelmpi"]
 
     def binding_args(self, ctx) -> list[object]:
         return []
@@ -234,7 +241,9 @@ class IntelMpi(Mpich):
         return {"I_MPI_PIN_DOMAIN": bind_to}
 
 
-FLAVOURS: dict[str, type[Flavour]] = {cls.name: cls for cls in (Flavour, OpenMpi5, Mpich, IntelMpi)}
+# the launch line of each record in hpcsuite.mpis.FLAVOURS (tests/test_mpi_identity.py: of each)
+FLAVOURS: dict[str, type[Flavour]] = {cls.record.name: cls
+                                      for cls in (Flavour, OpenMpi5, Mpich, IntelMpi)}
 
 
 def flavour(name: str) -> Flavour:

@@ -7,7 +7,8 @@ Open MPI 4.1's library under Open MPI 5's daemons fails in its PMIx handshake. S
 checks before ``hvd.init()``: it asks the MPI library its Horovod loaded for its version
 (``MPI_Get_library_version`` may be called before ``MPI_Init``) and stops with one line naming
 the profile key and the fix. It is checked here rather than at submit because only the rank
-sees the library its job's environment (modules, the profile's setup lines) resolves.
+sees the library its job's environment (modules, the profile's setup lines) resolves. What each
+flavour's library says of itself is :mod:`hpcsuite.mpis`'s, the table doctor and lint read too.
 """
 
 from __future__ import annotations
@@ -17,19 +18,17 @@ import json
 import re
 from pathlib import Path
 
+from ... import mpis
 from ...errors import UserError
 
-# flavour -> (the family MPI_Get_library_version names, does this major version fit, in words)
-FAMILIES = {
-    "openmpi": ("Open MPI", lambda major: major < 5, "Open MPI 4.x"),
-    "openmpi5": ("Open MPI", lambda major: major >= 5, "Open MPI 5"),
-    "mpich": ("MPICH", lambda major: True, "MPICH"),
-    "intelmpi": ("Intel(R) MPI", lambda major: True, "Intel MPI"),
-}
+# Open MPI's, MPICH's, MVAPICH2's and Intel MPI's libmpi.so.N, and Cray MPICH's
+# libmpi_cray.so.12, libmpi_gnu_123.so.12 (one per compiler); not Open MPI's C++ or Fortran
+# bindings (libmpi_cxx, libmpi_mpifh), which ask libmpi.so
+LIBMPI = r".*/libmpi(_(cray|gnu_\d+|intel|nvidia|amd|aocc))?\.so(\.\d+)*"
 
 
 def loaded_libmpi(maps: str | None = None) -> str | None:
-    """The MPI library this process has loaded (the first ``libmpi.so*`` in /proc/self/maps)."""
+    """The MPI library this process has loaded (the first :data:`LIBMPI` in /proc/self/maps)."""
     if maps is None:
         try:
             maps = Path("/proc/self/maps").read_text()
@@ -37,7 +36,7 @@ def loaded_libmpi(maps: str | None = None) -> str | None:
             return None
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and re.fullmatch(r".*/libmpi\.so(\.\d+)*", fields[5].strip()):
+        if len(fields) == 6 and re.fullmatch(LIBMPI, fields[5].strip()):
             return fields[5].strip()
     return None
 
@@ -55,16 +54,12 @@ def library_version(path: str) -> str | None:
 
 
 def mismatch(flavour: str, version: str) -> str | None:
-    """Why a library saying ``version`` is not the ``flavour``'s MPI (None: it is)."""
-    if flavour not in FAMILIES:
+    """Why a library saying ``version`` is not the ``flavour``'s MPI (None: it is, or the
+    flavour is none :data:`hpcsuite.mpis.FLAVOURS` knows)."""
+    want = mpis.FLAVOURS.get(flavour)
+    if want is None or want.covers(mpis.identify(version)):
         return None
-    family, fits, words = FAMILIES[flavour]
-    if not version.startswith(family) or (family == "MPICH" and "Intel" in version):
-        return f"not {words}"
-    found = re.search(r"(\d+)\.\d+", version)
-    if found and not fits(int(found.group(1))):
-        return f"not {words}"
-    return None
+    return f"not {want.words}"
 
 
 def profile_flavour(run_dir: str | None) -> str | None:
@@ -93,10 +88,11 @@ def check(run_dir: str | None, horovod_file: str | None = None) -> None:
     why = mismatch(flavour, version) if version else None
     if why is None:
         return
-    words = FAMILIES[flavour][2]
+    words = mpis.FLAVOURS[flavour].words
     where = f" ({Path(horovod_file).parent})" if horovod_file else ""
+    said = " ".join(version.split(",")[0].split())   # the library's own words
     raise UserError(
         f"mpi.flavour: {flavour} (the site profile), but this rank's Horovod{where} links "
-        f"{version.split(',')[0]} at {path}, {why}: build Horovod against {words} into the "
+        f"{said} at {path}, {why}: build Horovod against {words} into the "
         f"profile's python (scripts/setup.sh --mpi {flavour} on the local cluster), or set "
         "mpi.flavour and python to an MPI and interpreter that go together")
