@@ -269,6 +269,7 @@ def test_the_command_submits_waits_and_prints_the_table(tmp_path, monkeypatch):
     data = json.loads(invoke(*base, "--json").stdout)      # warnings go to stderr
     assert data["job_id"] == "4242" and data["state"] == "COMPLETED"
     assert data["allreduce"]["sizes"] == sizes
+    assert data["fit_check"]["mpi"]["poor"] is False          # exact times: the fit holds
     assert json.loads(invoke(*base, "--no-wait", "--json").stdout)["job_id"] == "4242"
 
 
@@ -322,3 +323,63 @@ def test_one_size_the_model_cannot_explain_does_not_pull_the_bandwidth():
     m = fit(SIZES, times, 2)
     assert m.bandwidth_Bps == pytest.approx(29.7e6, rel=0.01)
     assert m.alpha_s == pytest.approx(6e-6, rel=0.05)
+
+
+# ------------------------------------------------------------------ a fit that misses
+# The local cluster's 250 Mbit/s link: every size from 1 MiB up ran at 28.3-28.8 MB/s; the
+# sizes below it at another rate, with an overhead the two terms do not explain.
+LARGE_RATES = (28.8e6, 28.6e6, 28.4e6, 28.3e6)
+
+
+def missed_times(sizes):
+    times = {int(s): 2 * 30e-6 + s / 22.5e6 for s in sizes}
+    for s, rate in zip(sorted(times)[-4:], LARGE_RATES):
+        times[s] = s / rate
+    return times
+
+
+def test_a_fit_further_than_10_percent_from_a_size_is_poor_and_the_large_busbw_is_the_figure():
+    from hpcsuite.alphabeta import POOR_FIT, fit_check, large_busbw
+
+    times = missed_times(SIZES)
+    sizes, seconds = list(times), list(times.values())
+    m = fit(sizes, seconds, 2)
+    check = fit_check(m, sizes, seconds, 2)
+    assert m.max_rel_error > POOR_FIT == 0.10 and check["poor"]
+    assert check["large_busbw"] == {"median_Bps": pytest.approx(28.5e6), "min_Bps":
+                                    pytest.approx(28.3e6), "max_Bps": pytest.approx(28.8e6),
+                                    "sizes": 4, "least_bytes": 1 << 20}
+    assert check["use_Bps"] == check["large_busbw"]["median_Bps"]
+    exact = ring_time(SIZES, 4, 2e-6, 4e9)
+    good = fit_check(fit(SIZES, exact, 4), SIZES, exact, 4)
+    assert not good["poor"] and good["use_Bps"] == pytest.approx(4e9)
+    assert good["large_busbw"]["median_Bps"] == pytest.approx(
+        float(np.median(bus_bandwidth(SIZES[-4:], exact[-4:], 4))))
+    assert large_busbw([4, 1024], [1e-5, 2e-5], 2) is None      # no size of 1 MiB or more
+
+
+def test_the_table_says_when_a_fit_is_poor_and_prints_the_large_sizes_busbw(tmp_path):
+    from hpcsuite.cli.bench_cmd import _fit_checks, _table
+
+    times = missed_times(SIZES)
+    sizes = list(times)
+    mpi = {s: {"seconds": t, "iterations": 10, "repeats_s": [t] * 3} for s, t in times.items()}
+    r = ab.report(sizes, mpi, fake_measurements(sizes, 2, 0.0, 2e9, 10), 2, ["n1", "n2"], {},
+                  {})                  # Horovod: no latency, every size at 2 GB/s, an exact fit
+    lines = _table(r, "7", str(tmp_path)).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  MPI:"))
+    assert lines[at + 1:at + 3] == [
+        "           busbw of 1 MiB and up: 28.5 MB/s (median of 4 sizes, 28.3 MB/s to 28.8 MB/s)",
+        f"           POOR FIT (max error {AlphaBeta.from_json(r['fit']['mpi']).max_rel_error:.1%}"
+        ", over 10%): use the large sizes' busbw, 28.5 MB/s, not the fit's B"]
+    at = next(i for i, line in enumerate(lines) if line.startswith("  Horovod:"))
+    assert lines[at + 1] == ("           busbw of 1 MiB and up: 2 GB/s (median of 4 sizes, "
+                             "2 GB/s to 2 GB/s)")
+    assert not lines[at + 2].strip().startswith("POOR")
+    checks = _fit_checks(r)                                  # what --json carries
+    assert checks["mpi"]["poor"] and not checks["horovod"]["poor"]
+    small = ab.report(sizes[:8], mpi, fake_measurements(sizes, 2, 5e-4, 2e9, 10), 2,
+                      ["n1", "n2"], {}, {})
+    small["fit"]["mpi"]["max_rel_error"] = 0.2
+    assert "POOR FIT (max error 20.0%, over 10%): no size of 1 MiB or more to read the busbw " \
+           "from; measure larger sizes" in _table(small, "7", str(tmp_path))

@@ -115,7 +115,7 @@ def test_a_miss_is_reported_in_the_table_the_summary_csv_and_json(tmp_path):
             "(horovod.cycle_time_ms=0.5, 2 rank(s)), -25.0%)") in text
     assert ("outside ±15%: p03 (horovod.cycle_time_ms=0.5, 2 rank(s)): predicted 1.500 ms, "
             "measured 2.000 ms (-25.0%)") in text
-    assert ("step model on 2 ranks: MPI's allreduce, alpha 10.0 us per ring step, B 1.00 GB/s, "
+    assert ("step model on 2 ranks: MPI's allreduce, alpha 10.0 us per ring step, B 1 GB/s, "
             "no overlap (one core per rank)") in text
     line = next(l for l in text.splitlines() if l.startswith("horovod.cycle_time_ms=0.") and
                 l.split()[1] == "2")         # the table's row: measured, predicted, error

@@ -95,7 +95,7 @@ def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, 
     state, report = _wait(done.job_id, done.run_dir, as_json)
     if as_json:
         emit_json({"job_id": done.job_id, "state": state, "run_dir": done.run_dir,
-                   "spec": str(spec_path), "allreduce": report,
+                   "spec": str(spec_path), "allreduce": report, "fit_check": _fit_checks(report),
                    "preflight": _preflight(report, done.run_dir)})
     else:
         click.echo(_table(report, done.job_id, done.run_dir))
@@ -170,19 +170,57 @@ def _table(report: dict, job_id: str, run_dir: str) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append(f"alpha-beta fit, {MODEL}:")
+    checks = _fit_checks(report)
     for key, label in (("horovod", "Horovod"), ("mpi", "MPI")):
         try:
             lines.append(f"  {label + ':':8} {AlphaBeta.from_json(report['fit'][key]).in_words()}")
         except FitError as e:
             lines.append(f"  {label + ':':8} no fit: {e}")
+        if key in checks:
+            lines += [f"  {'':8} {line}" for line in _check_lines(checks[key])]
     bar = _preflight(report, run_dir)
     if bar:
         lines.append(f"preflight: MPI busbw {bar['mpi_busbw_GBps']:.3g} GB/s at "
                      f"{format_size(bar['bytes'])}; a job's preflight.fabric (min_busbw_gbps: "
-                     f"site) asks {bar['bar_GBps']:g} GB/s of each node pair: "
+                     f"site) asks {bar['bar_GBps']:.3g} GB/s of each node pair: "
                      f"{'reached' if bar['reached'] else 'NOT reached'}")
     lines.append(f"results: {Path(run_dir) / REPORT}, {Path(run_dir) / CSV}")
     return "\n".join(lines)
+
+
+def _fit_checks(report: dict) -> dict:
+    """Each library's :func:`hpcsuite.alphabeta.fit_check` (the fit against its large sizes'
+    busbw), where it has a fit."""
+    from ..alphabeta import AlphaBeta, FitError, fit_check
+
+    out = {}
+    for key in ("horovod", "mpi"):
+        rows = [p for p in report.get("points", []) if p.get(f"{key}_s")]
+        try:
+            model = AlphaBeta.from_json(report["fit"][key])
+            out[key] = fit_check(model, [p["bytes"] for p in rows],
+                                 [p[f"{key}_s"] for p in rows], int(report["world_size"]))
+        except (FitError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _check_lines(check: dict) -> list[str]:
+    from ..allreduce_sizes import format_size
+    from ..alphabeta import LARGE_BYTES
+
+    large, lines = check["large_busbw"], []
+    if large:
+        lines.append(f"busbw of {format_size(large['least_bytes'])} and up: "
+                     f"{_rate(large['median_Bps'])} (median of {large['sizes']} sizes, "
+                     f"{_rate(large['min_Bps'])} to {_rate(large['max_Bps'])})")
+    if check["poor"]:
+        lines.append(f"POOR FIT (max error {check['max_rel_error']:.1%}, over "
+                     f"{check['bar']:.0%}): " +
+                     (f"use the large sizes' busbw, {_rate(large['median_Bps'])}, not the fit's B"
+                      if large else f"no size of {format_size(LARGE_BYTES)} or more to read the "
+                      "busbw from; measure larger sizes"))
+    return lines
 
 
 def _preflight(report: dict, run_dir: str) -> dict | None:

@@ -121,7 +121,8 @@ def status_cmd(target, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
 def report_cmd(target, as_json):
     """Throughput, speedup and efficiency (median, min, max of the repeats) against the
-    smallest point and the no-communication limit, the ring-allreduce model's reading of each
+    smallest point (with each swept Horovod knob at its axis's first value) and the
+    no-communication limit, the ring-allreduce model's reading of each
     point and the knob that would help most. A configuration whose repeats spread more than
     1.25x, or whose no-communication limit does not grow with the ranks, is FLAGGED instead of
     diagnosed. Versions a study failed to record are warnings. Writes report.{txt,csv,json}
@@ -239,9 +240,11 @@ def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_
     """Predict throughput and scaling efficiency at each of --nodes on a described fabric.
 
     From a measured study (TARGET: its directory: gradient bytes from its results, the step
-    time of its smallest no-communication point) or from --params/--model-bytes and
-    --step-ms/--throughput. The model: gradients become ready over the backward pass and go to
-    the wire in fusion-threshold buckets at Horovod's cycle ticks, one at a time, each a ring
+    time of its smallest no-communication point, and at each node count where it measured a
+    no-communication limit that limit's step; a point it reads that the study's report
+    FLAGGED is named in a warning) or from --params/--model-bytes and --step-ms/--throughput.
+    The model: gradients become ready over the backward pass and go to the wire in
+    fusion-threshold buckets at Horovod's cycle ticks, one at a time, each a ring
     allreduce (flat, or hierarchical) costed by the fabric's bandwidth and latency. Each knob
     (fp16, accumulation, fusion, cycle, hierarchical) is also tried alone; the one that helps
     most at the largest node count is named. Every step waits for the slowest rank: the
@@ -252,6 +255,7 @@ def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_
           --nodes 1,2,4,8,16,32 --gpus-per-node 8 --fabric ib-hdr --intra-node nvlink-a100
     """
     from ..study.predict import Knobs, predict
+    from ..study.predict_basis import basis
     from ..study.predict_io import (fabric_for, parse_cv, parse_nodes, spread_for, table,
                                     workload_for, write)
 
@@ -267,8 +271,11 @@ def predict_cmd(target, nodes, gpus_per_node, fabric, bandwidth, latency, intra_
         from ..errors import UserError
 
         raise UserError("--fusion-mb: 0 (fusion off) needs --tensors (how many allreduces)")
+    read = basis(target, workload, gpus_per_node, node_list)
     result = predict(workload, node_list, gpus_per_node, chosen, knobs, threshold,
-                     spread_source)
+                     spread_source, read["computes"])
+    result.update(compute_from=read["compute_from"], flagged=read["flagged"],
+                  warnings=read["warnings"])
     paths = write(result, csv_path, None, png_path)
     if as_json:
         emit_json(result)

@@ -6,7 +6,9 @@ N = nodes x gpus_per_node GPUs, each computing the same per-GPU batch:
 * **compute.** ``step_s`` is one micro-batch on one GPU (forward, backward, optimizer); the
   backward pass is its last ``backward_fraction`` (2/3 unless measured). With gradient
   accumulation k the GPU computes k micro-batches, and the gradients are exchanged once,
-  during the last one's backward pass.
+  during the last one's backward pass. Where a rank's compute was measured on the allocation
+  itself (a study's no-communication limit there: :mod:`hpcsuite.study.predict_basis`), that
+  replaces ``step_s`` at that node count; the efficiency stays against one GPU.
 * **gradients become ready** uniformly by bytes over that backward pass (reverse layer order;
   whole tensors when their count is known). G bytes in float32, G/2 with fp16 compression.
 * **Horovod's background thread** wakes every ``cycle_ms`` (ticks from the step's start); when
@@ -317,12 +319,16 @@ def _back_to_back(workload_of_step, count: int, nodes: int, gpus_per_node: int,
 
 
 def point(workload: Workload, nodes: int, gpus_per_node: int, fabric: Fabric,
-          knobs: Knobs) -> dict:
+          knobs: Knobs, compute_s: float | None = None) -> dict:
     """One row: step, throughput (samples/s) and efficiency at one node count, steps run back
     to back (:func:`steady_step_s`), every rank's computation the slowest rank's
-    (:func:`slowest_factor`); the efficiency is against one GPU at its mean compute."""
+    (:func:`slowest_factor`); the efficiency is against one GPU at its mean compute.
+    ``compute_s``: a rank's mean compute per micro-batch on this allocation where it was
+    measured there (ranks beside each other can compute more slowly than one alone), else the
+    workload's ``step_s``."""
     gpus = nodes * gpus_per_node
-    slowest = replace(workload, step_s=workload.step_s * slowest_factor(
+    compute = workload.step_s if compute_s is None else compute_s
+    slowest = replace(workload, step_s=compute * slowest_factor(
         workload.compute_cv, gpus, knobs.accumulation))
     step = steady_step_s(slowest, nodes, gpus_per_node, fabric, knobs)
     samples = gpus * knobs.accumulation * workload.batch
@@ -359,14 +365,17 @@ HELPS = 0.005
 
 
 def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fabric,
-            knobs: Knobs, threshold: float = 0.8, spread_source: str = "") -> dict:
+            knobs: Knobs, threshold: float = 0.8, spread_source: str = "",
+            computes: dict[int, float] | None = None) -> dict:
     """Every knob setting at every node count, the knob that helps most at the largest node
     count (if any gains :data:`HELPS` or more), and the first node count where the current
     settings' efficiency is below ``threshold``; ``spread_source`` says where the workload's
-    ``compute_cv`` came from."""
+    ``compute_cv`` came from; ``computes``: node count -> a rank's compute per micro-batch
+    measured on that many nodes (:func:`point`'s ``compute_s``)."""
+    computes = computes or {}
     settings = alternatives(knobs, workload, gpus_per_node)
-    series = {name: [point(workload, n, gpus_per_node, fabric, k) for n in nodes]
-              for name, k in settings.items()}
+    series = {name: [point(workload, n, gpus_per_node, fabric, k, computes.get(n))
+                     for n in nodes] for name, k in settings.items()}
     now = series["current"][-1]["efficiency"]
     gains = {name: rows[-1]["efficiency"] - now for name, rows in series.items()
              if name != "current"}
@@ -379,7 +388,9 @@ def predict(workload: Workload, nodes: list[int], gpus_per_node: int, fabric: Fa
                          "step_ms": workload.step_s * 1000, "batch": workload.batch,
                          "backward_fraction": workload.backward_fraction,
                          "tensors": workload.tensors, "compute_cv": workload.compute_cv,
-                         "compute_cv_source": spread_source},
+                         "compute_cv_source": spread_source,
+                         "compute_ms_at_nodes": {str(n): computes[n] * 1000 for n in nodes
+                                                 if n in computes}},
             "knobs": {name: k.label() for name, k in settings.items()},
             "series": series, "threshold": threshold, "below_threshold_at_nodes": below,
             "best_knob": ({"knob": best, "efficiency": series[best][-1]["efficiency"],

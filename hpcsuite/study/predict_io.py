@@ -23,6 +23,12 @@ def workload_from_study(target: str, backward_fraction: float | None,
     measured one workload per batch, not one to average). ``backward_fraction`` None: as the
     study report's step model reads the study's jobs (none with one core per rank:
     :func:`~hpcsuite.study.predicted.backward_fraction`)."""
+    return study_workload(target, backward_fraction, batch)[0]
+
+
+def study_workload(target: str, backward_fraction: float | None,
+                   batch: int | None = None) -> tuple[Workload, list[str]]:
+    """:func:`workload_from_study`, and the configurations whose points it read."""
     from .points import open_study
     from .predicted import backward_fraction as overlap_of
     from .report import _job, _results, throughput
@@ -34,7 +40,7 @@ def workload_from_study(target: str, backward_fraction: float | None,
                         key=lambda p: (p.ranks, p.kind != "limit"))
     seen = set()
     for ranks in sorted({p.ranks for p in candidates}):
-        found: dict[int, list[tuple[float, dict, dict | None]]] = {}
+        found: dict[int, list[tuple[float, dict, dict | None, str]]] = {}
         for point in (p for p in candidates if p.ranks == ranks):
             entry = state.get(point.id, {})
             results = _results(sd, point, entry)
@@ -42,17 +48,19 @@ def workload_from_study(target: str, backward_fraction: float | None,
             if measured and results.get("gradient_bytes"):
                 step = measured[1] / (results.get("grad_accumulation") or 1)
                 size = int(results.get("batch_size_per_rank") or 1)
-                found.setdefault(size, []).append((step, results, _job(sd, point, entry)))
+                found.setdefault(size, []).append((step, results, _job(sd, point, entry),
+                                                   point.config))
         seen |= set(found)
         chosen = batch if batch is not None else min(found, default=None)
         if chosen in found:
-            steps = [step for step, _, _ in found[chosen]]
-            last, job = found[chosen][-1][1:]
+            steps = [step for step, *_ in found[chosen]]
+            last, job = found[chosen][-1][1:3]
             if backward_fraction is None:
                 cpus = ((job or {}).get("resources") or {}).get("cpus_per_task") or 1
                 backward_fraction = overlap_of(int(cpus))
             return Workload(float(last["gradient_bytes"]), statistics.median(steps), chosen,
-                            backward_fraction, int(last.get("gradient_tensors") or 0) or None)
+                            backward_fraction, int(last.get("gradient_tensors") or 0) or None), \
+                sorted({config for *_, config in found[chosen]})
     if batch is not None and seen:
         raise UserError(f"--batch: {target} measured no point at {batch} samples per rank; "
                         f"it measured {', '.join(str(b) for b in sorted(seen))}")
@@ -142,9 +150,15 @@ def rows(result: dict) -> list[dict]:
 
 def table(result: dict) -> str:
     w, current = result["workload"], result["series"]["current"]
-    lines = [f"fabric: {result['fabric']}, {result['gpus_per_node']} GPU(s) per node",
+    own = w.get("compute_ms_at_nodes") or {}
+    lines = [*result.get("warnings", []),
+             f"fabric: {result['fabric']}, {result['gpus_per_node']} GPU(s) per node",
              f"workload: {w['gradient_bytes'] / 1e6:.1f} MB of float32 gradients, "
              f"{w['step_ms']:.1f} ms per micro-batch of {w['batch']} on one GPU",
+             *([f"compute per micro-batch as the study's no-communication limit measured it "
+                f"there: " + ", ".join(f"{ms:.1f} ms on {n} node(s)" for n, ms in own.items())
+                + ("; elsewhere the one-GPU step" if len(own) < len(current) else "")]
+               if own else []),
              f"current: {result['knobs']['current']}",
              f"per-rank compute spread: cv {w['compute_cv']:.4f} per step, "
              f"{w['compute_cv_source'] or 'as given'}",
@@ -228,17 +242,13 @@ def parse_nodes(text: str) -> list[int]:
     return sorted(set(nodes))
 
 
-# "busbw of large allreduces" (what --bandwidth asks for): a benchmark's sizes from 1 MiB up.
-LARGE_BYTES = 1 << 20
-
-
 def measured_fabric(target: str | None):
     """``--fabric measured``: the link the study's own allreduce benchmark measured, on its
     allocation with the most nodes: MPI's bus bandwidth of large allreduces (the median over
     its sizes from 1 MiB up) and the per-step latency MPI's α-β fit gives. Not the fit's B: on
     the local cluster's 1 Gbit/s link the many small sizes set it 8 % above what the large
     ones carried (docs/BENCHMARKS.md, "Studies, predict and the knobs on the shaped link")."""
-    from ..alphabeta import FitError, bus_bandwidth
+    from ..alphabeta import FitError, large_busbw
     from ..fabrics import Fabric, Link
     from .points import open_study
     from .report import _results, fit_measurements
@@ -255,16 +265,14 @@ def measured_fabric(target: str | None):
             continue
         try:
             alpha = fit_measurements(data, "mpi").alpha_s
-            ranks = int(data["world_size"])
-            large = [float(bus_bandwidth(r["bytes"], r["mpi_s"], ranks))
-                     for r in data.get("points", []) if r.get("bytes", 0) >= LARGE_BYTES
-                     and r.get("mpi_s")]
+            rows = [r for r in data.get("points", []) if r.get("mpi_s")]
+            large = large_busbw([r["bytes"] for r in rows], [r["mpi_s"] for r in rows],
+                                int(data["world_size"]))
         except (FitError, KeyError, TypeError, ValueError):
             continue
         if large:
-            busbw = statistics.median(large)
             return Fabric(f"measured by {target} on {point.axes['nodes']} nodes",
-                          Link(busbw / 1e9, alpha * 1e6), base_latency_us=0.0)
+                          Link(large["median_Bps"] / 1e9, alpha * 1e6), base_latency_us=0.0)
     raise UserError(f"--fabric: {target} has no finished allreduce benchmark across nodes "
                     "with MPI's times of 1 MiB or more (a study of one node measures no link)")
 

@@ -3,7 +3,8 @@
 Each training point's throughput is its global batch over the median of its measured step
 times (the warm-up steps left out), one number per repeat; a configuration shows the median,
 min and max of its repeats. Speedup and efficiency are read against the smallest point of the
-same series (the same axes but for nodes and tasks per node); "of limit" against the same
+same series (the same axes but for nodes and tasks per node), each swept Horovod knob at its
+axis's first value (:func:`baseline_axes`); "of limit" against the same
 configuration trained without the gradient allreduce, the most this hardware could do (one
 function, :func:`hpcsuite.study.advice.of_limit`, for the table and the advice alike).
 
@@ -30,7 +31,7 @@ from ..runs.rundir import RunDir
 from .advice import explain, of_limit
 from .points import Point, StudyDir
 from .bundle import ENVIRONMENT
-from .predicted import predict_rows, summary
+from .predicted import gbps, predict_rows, summary
 from .run import point_done, point_result
 
 REPORT_DIR = "report"
@@ -132,20 +133,20 @@ def fit_measurements(data: dict, which: str):
     return fit([r["bytes"] for r in rows], [r[f"{which}_s"] for r in rows], int(data["world_size"]))
 
 
-def analyse(sd: StudyDir) -> dict:
-    """The study's numbers: one row per configuration, with the model's reading."""
-    study = sd.study()
-    points = sd.points()
-    state = sd.state()
-    models = fits(sd, points, state)
+def measure(sd: StudyDir) -> list[dict]:
+    """One row per configuration: what its jobs measured (the spreads of its repeats), its
+    speed-up and efficiency against its baseline (:func:`baseline_axes`) and its flags; the
+    jobs' results, spec and step times are still in it (``results``, ``job``, ``step_times``,
+    ``limit_step_times``) for the model to read. No model here: `study predict` reads the
+    flags through it, and imports nothing heavy."""
+    study, state = sd.study(), sd.state()
     configs: dict[str, dict] = {}
-    for point in points:
+    for point in sd.points():
         if point.kind == "allreduce":
             continue
         row = configs.setdefault(point.config, {
             "config": point.config, "axes": point.axes, "ranks": point.ranks,
-            "series": axes_label({k: v for k, v in point.axes.items()
-                              if k not in ("nodes", "tasks_per_node")}) or "all",
+            "series": series_of(point.axes),
             "throughput": [], "step_s": [], "limit_throughput": [], "limit_step_s": [],
             "jobs": [], "results": None, "job": None, "step_times": [], "limit_step_times": [],
             "energy_j": [], "samples_per_joule": []})
@@ -168,15 +169,47 @@ def analyse(sd: StudyDir) -> dict:
                     "samples_per_joule"):
             row[key] = spread(row[key])
     for row in rows:
-        base = min((r for r in rows if r["series"] == row["series"] and r["throughput"]["n"]),
-                   key=lambda r: r["ranks"], default=None)
+        own = _smallest(rows, row["series"])
+        base = _smallest(rows, series_of(baseline_axes(row["axes"], study.axes)))
         thr = row["throughput"]
-        row["speedup"] = row["efficiency"] = None
+        row["speedup"] = row["efficiency"] = row["speedup_against"] = None
         if base and thr["median"] and base["throughput"]["median"]:
             row["speedup"] = thr["median"] / base["throughput"]["median"]
             row["efficiency"] = row["speedup"] / (row["ranks"] / base["ranks"])
+            row["speedup_against"] = base["config"]
         row["of_limit"] = of_limit(row)
-        row["flags"] = flags(row, base, study.mode)
+        row["flags"] = flags(row, own, study.mode)
+    return rows
+
+
+def series_of(axes: dict) -> str:
+    """A configuration's series: its axes but for nodes and tasks per node."""
+    return axes_label({k: v for k, v in axes.items()
+                       if k not in ("nodes", "tasks_per_node")}) or "all"
+
+
+def baseline_axes(axes: dict, study_axes: dict) -> dict:
+    """The configuration a row's speed-up and efficiency are read against (at its series'
+    fewest ranks): the same axes, each Horovod knob (``horovod.*``) at its axis's first value.
+    A knob setting is its own series, and against itself every setting is 1.00; against the
+    baseline setting it is what the knob bought."""
+    return {k: (study_axes[k][0] if k.startswith("horovod.") and study_axes.get(k) else v)
+            for k, v in axes.items()}
+
+
+def _smallest(rows: list[dict], series: str) -> dict | None:
+    """The series' row of fewest ranks that has a measured throughput."""
+    return min((r for r in rows if r["series"] == series and r["throughput"]["n"]),
+               key=lambda r: r["ranks"], default=None)
+
+
+def analyse(sd: StudyDir) -> dict:
+    """The study's numbers: one row per configuration (:func:`measure`), with the model's
+    reading."""
+    study = sd.study()
+    models = fits(sd, sd.points(), sd.state())
+    rows = measure(sd)
+    for row in rows:
         row["model"] = explain(row, *models.get((int(row["axes"]["nodes"]),
                                                  int(row["axes"]["tasks_per_node"])), (None, None)))
     predict_rows(rows, models)
@@ -185,6 +218,8 @@ def analyse(sd: StudyDir) -> dict:
             row.pop(key)
     return {"study": study.name, "mode": study.mode, "warmup_steps": study.warmup_steps,
             "steps": study.steps, "repeats": study.repeats, "rows": rows,
+            "baseline": {k: v[0] for k, v in study.axes.items()
+                         if k.startswith("horovod.") and v},
             "warnings": environment_warnings(sd),
             "allreduce": {f"{n}x{t}": m.to_json() for (n, t), (m, _) in models.items()}}
 
@@ -327,6 +362,8 @@ def table(report: dict) -> str:
              "the limit on the same ranks, else the series' 1-rank point; the fitted "
              "allreduce, Horovod's cycle, fusion), error against the measured step; comm ms: "
              "predicted by the allreduce model",
+             *(["speedup, effic.: against " + axes_label(report["baseline"]) + " (each Horovod "
+                "knob axis's first value) at the fewest ranks"] if report.get("baseline") else []),
              header(w, energy),
              f"{'':<{w}} {'':>5} {'measured':>32} {'measured':>7} {'meas.':>6} {'measured':>9} "
              f"{'measured':>8} {'measured':>8} {'predicted':>9} {'':>7} {'predicted':>9}"
@@ -347,7 +384,7 @@ def table(report: dict) -> str:
     lines += summary(report["rows"])
     for key, fit in report["allreduce"].items():
         lines.append(f"allreduce model on {key} (nodes x tasks): alpha {fit['alpha_s'] * 1e6:.1f} us, "
-                     f"bandwidth {fit['bandwidth_Bps'] / 1e9:.2f} GB/s")
+                     f"bandwidth {gbps(fit['bandwidth_Bps'])}")
     for row in report["rows"]:
         lines += advice(row)
     return "\n".join(lines)
