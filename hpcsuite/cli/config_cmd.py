@@ -29,10 +29,15 @@ def config():
 def show(spec, profile_path, sets, origin, as_json):
     """Print the merged configuration (of SPEC, if given)."""
     from ..submit.config import is_locked, merged_view, resolve
+    from ..submit.pinning import pinned_file, pinned_warning
 
     if spec:
         resolve(spec, profile_path, sets)  # a complete job must validate
     view, origins, locks = merged_view(spec, profile_path, sets)
+    in_vain = pinned_warning(profile_path)
+    if in_vain:
+        click.echo(f"warning: {in_vain}", err=True)
+    no_effect = f"no effect: only {pinned_file()} is pinned"   # beside the value, when in vain
     used = _template_file(view, locks) if origin else None
     if as_json:
         locked = sorted(k for k in origins if is_locked(k, locks))
@@ -44,6 +49,8 @@ def show(spec, profile_path, sets, origin, as_json):
         for key in sorted(origins):
             value = _lookup(view, key)
             mark = "  [locked]" if is_locked(key, locks) else ""
+            if key == "site.pinned" and in_vain:
+                mark = f"  [{no_effect}]"
             where = origins[key]
             if key == "job.template" and used:   # the value's layer, and the file it names
                 where += f"; file: {used['path']} ({used['layer']})" if used["path"] else \
@@ -52,7 +59,10 @@ def show(spec, profile_path, sets, origin, as_json):
         return
     import yaml
 
-    click.echo(yaml.safe_dump(view, sort_keys=False, default_flow_style=False), nl=False)
+    text = yaml.safe_dump(view, sort_keys=False, default_flow_style=False)
+    if in_vain:     # two spaces in: a key of site: or job:, and no job key is named pinned
+        text = text.replace("\n  pinned: true\n", f"\n  pinned: true  # {no_effect}\n")
+    click.echo(text, nl=False)
 
 
 def _template_file(view: dict, locks) -> dict | None:

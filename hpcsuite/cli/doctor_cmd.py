@@ -17,6 +17,8 @@ def doctor(spec, profile_path, as_json, no_compute):
     """Check the cluster against the site profile before a job finds out.
 
     \b
+    profile     the site profile says pinned: true but is not /etc/hpcsuite/profile.yaml,
+                so pinning does nothing (a warning; no line when all is well)
     slurm       the controller answers; the profile's partitions exist and are up
     slurm-rules Slurm's version (sbatch and controller) and what changed since 22.05 on
                 the profile's scripts (or SPEC's): options removed or now refused
@@ -46,6 +48,7 @@ def doctor(spec, profile_path, as_json, no_compute):
     from ..submit.config import resolve
     from ..site.doctor import FAIL, report, run_checks
     from ..runner.against_slurm import profile_scripts
+    from ..submit.pinning import pinned_in_vain
 
     # Without a spec only the profile matters; the job layer needs a name to resolve.
     r = resolve(spec, profile_path, () if spec else ("name=doctor",))
@@ -54,7 +57,8 @@ def doctor(spec, profile_path, as_json, no_compute):
                         partition=job.resources.partition if job else None,
                         env=dict(job.env) if job else None, compute=not no_compute,
                         progress=lambda text: click.echo(f"doctor: {text}", err=True),
-                        scripts=profile_scripts(r, whole_profile=not spec))
+                        scripts=profile_scripts(r, whole_profile=not spec),
+                        pinned=pinned_in_vain(profile_path))
     if as_json:
         emit_json([c.to_json() for c in checks])
     else:

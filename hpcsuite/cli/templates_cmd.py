@@ -135,11 +135,11 @@ def lint(spec, profile_path, sets, against_slurm, build):
     Every finding is one line, `error: SPEC: key: ...` or `warning: SPEC: key: ...` (render and
     submit run the same checks; submit also asks Slurm)."""
     from ..submit.config import resolve
-    from ..submit.lint import build_findings
+    from ..submit.lint import build_findings, pinned_findings
     from ..runner import check
 
     r = resolve(spec, profile_path, sets)
-    findings = check(r)
+    findings = pinned_findings(profile_path) + check(r)
     if against_slurm is not False:
         from ..runner import slurm_findings
 

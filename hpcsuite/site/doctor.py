@@ -14,13 +14,13 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import fabrics, gpuhealth
+from .. import fabrics, gpuhealth, mpis
 from ..submit.site_profile import SiteProfile
 from .doctor_parse import interface_names, parse_check_build, parse_mpi_list, parse_partitions
 from . import horovod_mpi
 from .horovod_mpi import ask as _run
 from .horovod_mpi import describe_gpu_build, framework_build, horovod_build  # noqa: F401
-from .slurm_versions import FAMILIES, judge_mpi, judge_slurm
+from .slurm_versions import judge_mpi, judge_slurm
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -37,6 +37,13 @@ class Check:
 
 
 # ---------------------------------------------------------------------------- checks
+
+def check_pinned(in_vain: tuple[str, str] | None) -> Check | None:
+    """The site profile says ``pinned: true`` where that does nothing (what is wrong and what
+    to do, from :func:`hpcsuite.submit.pinning.pinned_in_vain`: the command asks it, as site/
+    reads no configuration); None: nothing to say."""
+    return Check("profile", WARN, *in_vain) if in_vain else None
+
 
 def check_slurm(profile: SiteProfile) -> Check:
     code, out = _run(["sinfo", "-h", "-o", "%R %a"], timeout=30)
@@ -84,9 +91,10 @@ def check_accounting() -> Check:
 
 
 def check_mpi(profile: SiteProfile) -> Check:
-    """The flavour's launcher: its MPI family and version (mpirun or mpiexec --version)."""
+    """The flavour's launcher: its MPI and version (mpirun or mpiexec --version)."""
     flavour = profile.mpi.flavour
-    code, out = _run([FAMILIES[flavour][1], "--version"], timeout=30, env=dict(os.environ))
+    launcher = mpis.FLAVOURS.get(flavour, mpis.FLAVOURS[mpis.DEFAULT]).launcher
+    code, out = _run([launcher, "--version"], timeout=30, env=dict(os.environ))
     return Check("mpi", *judge_mpi(code, out, flavour))
 
 
@@ -336,10 +344,12 @@ WAITS = {
 
 def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str | None = None,
                env: dict[str, str] | None = None, compute: bool = True,
-               progress=None, scripts: dict[str, str] | None = None) -> list[Check]:
+               progress=None, scripts: dict[str, str] | None = None,
+               pinned: tuple[str, str] | None = None) -> list[Check]:
     """Every check, in the report's order. The slow ones (:data:`WAITS`) run in threads while
     the quick ones run here; ``progress(text)`` is told what is awaited and when each is done;
-    ``scripts``: the profile's rendered scripts by launcher, for the Slurm version rules."""
+    ``scripts``: the profile's rendered scripts by launcher, for the Slurm version rules;
+    ``pinned``: the profile's pinned: true in vain (:func:`check_pinned`), said first."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -355,8 +365,9 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     with ThreadPoolExecutor(max_workers=len(slow)) as pool:
         futures = {name: pool.submit(fn) for name, fn in slow.items()}
         say("waiting for " + "; ".join(WAITS[name] for name in futures))
-        checks = [slurm_check, check_slurm_rules(scripts or {}), check_accounting(),
-                  check_pmi(profile, launcher), check_mpi(profile)]
+        checks = [c for c in (check_pinned(pinned),) if c is not None]
+        checks += [slurm_check, check_slurm_rules(scripts or {}), check_accounting(),
+                   check_pmi(profile, launcher), check_mpi(profile)]
         done = {}
         for name, future in futures.items():
             done[name] = future.result()

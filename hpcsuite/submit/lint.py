@@ -157,6 +157,15 @@ def lint(job: JobSpec, profile: SiteProfile, base: Path | None = None) -> list[F
     return out + partition_findings(job, profile)
 
 
+def pinned_findings(profile_path: str | None = None) -> list[Finding]:
+    """The site profile's ``pinned: true`` where it does nothing (:mod:`.pinning`): a warning
+    on the profile key, for `hpcsuite lint` (a user's submit cannot act on it)."""
+    from .pinning import pinned_warning
+
+    warning = pinned_warning(profile_path)
+    return [Finding("warning", "pinned", warning)] if warning else []
+
+
 def gpu_findings(job: JobSpec, profile: SiteProfile) -> list[Finding]:
     """GPU requests that Slurm versions or launchers treat differently, refused by key."""
     r, out = job.resources, []
