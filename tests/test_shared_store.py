@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hpcsuite.runtime.observe.tracking import LOCK, store_lock
+from hpcsuite.runs.mlflow_run import LOCK, store_lock
 from hpcsuite.submit.tracking import store_problem
 from test_file_modes import as_nobody, open_dir  # noqa: F401 - the fixture
 

@@ -13,7 +13,7 @@ import pytest
 
 from hpcsuite import api
 from hpcsuite.errors import UserError
-from hpcsuite.runs import mlflow_store
+from hpcsuite.runs import mlflow_run, mlflow_store
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime.observe import chart as chart_module
 from hpcsuite.runtime.observe import tracking
@@ -106,15 +106,15 @@ def test_params_flatten_the_spec_with_env_names_only_and_long_values_cut():
     spec = spec_from_dict({"name": "s", "env": {"TOKEN": "secret", "A": "1"}, "train": {
         "lr": 0.1, "args": ["x" * 4000, "y" * 4000], "model_args": {"width": 8},
         "tracking": {"mlflow": {}}}}, "j").to_dict()
-    params = tracking.flat_params(spec)
-    assert tracking.flat_params({"env": {}})["env"] == "{}"         # a value, not empty
+    params = mlflow_run.flat_params(spec)
+    assert mlflow_run.flat_params({"env": {}})["env"] == "{}"         # a value, not empty
     assert params["train.lr"] == "0.1" and params["name"] == "s"
     assert params["train.model_args.width"] == "8"
     assert params["train.epochs"] == "null" and params["train.ledger"] == "false"
     assert params["resources.nodes"] == "1"
     assert params["env"] == "A,TOKEN" and "secret" not in json.dumps(params)
-    assert len(params["train.args"]) == tracking.PARAM_CHARS and params["train.args"].endswith("...")
-    assert all(len(v) <= tracking.PARAM_CHARS for v in params.values())
+    assert len(params["train.args"]) == mlflow_run.PARAM_CHARS and params["train.args"].endswith("...")
+    assert all(len(v) <= mlflow_run.PARAM_CHARS for v in params.values())
 
 
 def test_metric_names_mlflow_refuses_are_mended():
@@ -129,12 +129,12 @@ def test_git_commit_from_files_loose_and_packed(tmp_path):
     (git / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
     sub = tmp_path / "repo" / "jobs" / "x"
     sub.mkdir(parents=True)
-    assert tracking.git_commit(sub) == "a" * 40
+    assert mlflow_run.git_commit(sub) == "a" * 40
     (git / "refs" / "heads" / "main").unlink()
     (git / "packed-refs").write_text(f"# pack-refs\n{'b' * 40} refs/heads/main\n")
-    assert tracking.git_commit(sub) == "b" * 40
+    assert mlflow_run.git_commit(sub) == "b" * 40
     (git / "HEAD").write_text("c" * 40 + "\n")                 # detached
-    assert tracking.git_commit(sub) == "c" * 40
+    assert mlflow_run.git_commit(sub) == "c" * 40
 
 
 def closed_port() -> int:
@@ -169,11 +169,11 @@ def test_an_unreachable_server_falls_back_to_the_run_directory(tmp_path, caplog)
 def test_store_uri_default_path_and_server(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     paths = RunDir(tmp_path / "runs" / "s" / "7")
-    assert tracking.store_uri(None, paths) == (tmp_path / "runs" / "s" / "mlruns").as_uri()
-    assert tracking.store_uri("shared/ml runs", paths) == (tmp_path / "shared/ml runs").as_uri()
-    assert tracking.store_uri("HTTP://h:1", paths) == "HTTP://h:1"
-    assert tracking.store_uri("sqlite:///m.db", paths) == f"sqlite:///{tmp_path}/m.db"
-    assert tracking.store_uri("sqlite:////srv/m.db", paths) == "sqlite:////srv/m.db"
+    assert mlflow_run.store_uri(None, paths) == (tmp_path / "runs" / "s" / "mlruns").as_uri()
+    assert mlflow_run.store_uri("shared/ml runs", paths) == (tmp_path / "shared/ml runs").as_uri()
+    assert mlflow_run.store_uri("HTTP://h:1", paths) == "HTTP://h:1"
+    assert mlflow_run.store_uri("sqlite:///m.db", paths) == f"sqlite:///{tmp_path}/m.db"
+    assert mlflow_run.store_uri("sqlite:////srv/m.db", paths) == "sqlite:////srv/m.db"
 
 
 # ------------------------------------------------------------------- rank 0, in this process

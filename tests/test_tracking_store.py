@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from hpcsuite.errors import UserError
-from hpcsuite.runs import mlflow_store, mlflow_sync
+from hpcsuite.runs import mlflow_end, mlflow_run, mlflow_store, mlflow_sync
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime.observe import chart as chart_module
-from hpcsuite.runtime.observe import tracking
 from hpcsuite.submit.site_profile import SiteProfile
 from hpcsuite.submit.spec import spec_from_dict
 from hpcsuite.submit.tracking import tracking_problems
@@ -111,7 +110,7 @@ def test_the_status_line_names_the_run_a_fall_back_and_a_loss(tmp_path):
     ("stopped", False, False, "KILLED"), ("lost", False, False, "FAILED"),
 ])
 def test_the_status_a_run_left_open_gets(outcome, requeued, slurm_ended, want):
-    assert mlflow_store.mlflow_status(outcome, requeued, slurm_ended) == want
+    assert mlflow_end.mlflow_status(outcome, requeued, slurm_ended) == want
 
 
 def open_run(tmp_path, monkeypatch):
@@ -141,11 +140,11 @@ def test_attempt_end_fails_a_run_rank_0_left_running(tmp_path, monkeypatch):
     job = spec_from_dict({"name": "s", "train": {"script": "t.py",
                                                  "tracking": {"mlflow": {}}}}, "t")
     said = []
-    mlflow_store.end_attempt(job, run_dir, said.append)           # no record of the attempt
+    mlflow_end.end_attempt(job, run_dir, said.append)           # no record of the attempt
     assert said == [] and c.get_run(rec["run_id"]).info.status == "RUNNING"
     RunDir(run_dir).attempts.write_text(json.dumps({"attempt": 0, "outcome": "failed",
                                                     "exit": 1, "requeued": False}) + "\n")
-    mlflow_store.end_attempt(job, run_dir, said.append)
+    mlflow_end.end_attempt(job, run_dir, said.append)
     assert said == [f"hpcsuite: MLflow run {rec['run_id']} ended FAILED (attempt 0 failed)"]
     got = c.get_run(rec["run_id"])
     assert got.info.status == "FAILED" and got.info.end_time
@@ -153,13 +152,13 @@ def test_attempt_end_fails_a_run_rank_0_left_running(tmp_path, monkeypatch):
     assert got.data.tags["hpcsuite.error"] == "RuntimeError: boom"
     assert (record(run_dir)["state"], record(run_dir)["status"]) == ("ended", "FAILED")
     said.clear()            # ended now: a second call has nothing to do (no MLflow import)
-    mlflow_store.end_attempt(job, run_dir, said.append)
+    mlflow_end.end_attempt(job, run_dir, said.append)
     assert said == []
 
 
 def test_a_requeued_failure_stays_resumable_and_the_next_attempt_continues(tmp_path, monkeypatch):
     run_dir, rec = open_run(tmp_path, monkeypatch)
-    said = mlflow_store.close_run(run_dir, 0, "failed", requeued=True)
+    said = mlflow_end.close_run(run_dir, 0, "failed", requeued=True)
     assert said.endswith("ended KILLED (attempt 0 failed)")
     c = client(rec["uri"])
     assert c.get_run(rec["run_id"]).data.tags["hpcsuite.status"] == "failed, requeued"
@@ -175,13 +174,13 @@ def test_a_requeued_failure_stays_resumable_and_the_next_attempt_continues(tmp_p
 def test_a_run_rank_0_ended_is_left_alone_and_a_run_without_tracking_too(tmp_path, monkeypatch):
     run, run_dir = script_run(tmp_path)
     train(run)
-    assert mlflow_store.close_run(run_dir, 0, "failed") is None
+    assert mlflow_end.close_run(run_dir, 0, "failed") is None
     assert client(record(run_dir)["uri"]).get_run(record(run_dir)["run_id"]).info.status == \
         "FINISHED"
-    assert mlflow_store.close_run(tmp_path / "elsewhere", 0, "failed") is None
+    assert mlflow_end.close_run(tmp_path / "elsewhere", 0, "failed") is None
     job = spec_from_dict({"name": "s"}, "t")            # no tracking: mlflow.json not read
     RunDir(run_dir).attempts.write_text('{"attempt": 0, "outcome": "failed"}\n')
-    mlflow_store.end_attempt(job, run_dir, pytest.fail)
+    mlflow_end.end_attempt(job, run_dir, pytest.fail)
 
 
 # ------------------------------------------------------------------- tracking sync
@@ -225,7 +224,7 @@ def test_sync_completes_a_copy_made_while_the_run_ran(tmp_path, monkeypatch):
     to = f"sqlite:///{tmp_path / 'm.db'}"
     first = mlflow_sync.sync([run_dir], to)[0]
     assert first.created and first.status == "RUNNING"
-    mlflow_store.close_run(run_dir, 0, "failed")        # the job failed after the first sync
+    mlflow_end.close_run(run_dir, 0, "failed")        # the job failed after the first sync
     source = client(rec["uri"])
     source.log_metric(rec["run_id"], "late", 2.0, step=11)
     second = mlflow_sync.sync([run_dir], to)[0]
@@ -257,12 +256,12 @@ def test_the_sync_command_loads_no_mlflow_until_it_runs():
 def test_the_commit_recorded_at_submit_is_tagged_not_the_working_trees(monkeypatch):
     monkeypatch.setenv(mlflow_store.GIT_COMMIT, "a" * 40)
     monkeypatch.setenv(mlflow_store.GIT_DIRTY, "true")
-    assert tracking.git_tags() == {"mlflow.source.git.commit": "a" * 40,
+    assert mlflow_run.git_tags() == {"mlflow.source.git.commit": "a" * 40,
                                    "hpcsuite.git_dirty": "true"}
     monkeypatch.setenv(mlflow_store.GIT_COMMIT, "")        # submitted from outside a repository
-    assert tracking.git_tags() == {}
+    assert mlflow_run.git_tags() == {}
     monkeypatch.delenv(mlflow_store.GIT_COMMIT)             # a script tried by hand
-    assert tracking.git_tags() == {"mlflow.source.git.commit": tracking.git_commit(Path.cwd())}
+    assert mlflow_run.git_tags() == {"mlflow.source.git.commit": mlflow_run.git_commit(Path.cwd())}
 
 
 def test_the_runner_hands_the_commit_to_sbatch_only_for_a_job_that_tracks(tmp_path):

@@ -71,13 +71,14 @@ def attempt_end(run_dir, status):
     import signal
 
     from ..runs import attempts
-    from ..runs.mlflow_store import end_attempt as end_tracking
+    from ..runs.mlflow_end import end_attempt as end_tracking
 
     for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):   # the time limit's TERM must not cut the record
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     job = _attempt_job(run_dir)
     code = attempts.end(Path(run_dir), job, status, out=lambda line: click.echo(line))
-    # An MLflow run rank 0 left open ends as the attempt did (after a requeue too: the next
-    # attempt continues the run, so a close cut short by the requeue loses nothing).
+    # The attempt's MLflow run ends as the attempt did: the one rank 0 left open, or, where
+    # rank 0 never opened one, one made now (after a requeue too: the next attempt continues
+    # the run, so a close cut short by the requeue loses nothing). Never fails the script.
     end_tracking(job, Path(run_dir), out=lambda line: click.echo(line))
     raise click.exceptions.Exit(code)

@@ -4,16 +4,18 @@ Rank 0 (:mod:`hpcsuite.runtime.observe.tracking`) writes mlflow.json: where the 
 ``run_id``, ``experiment``, ``experiment_id``), what it was asked (``asked``: the spec's or the
 site's store) and what became of tracking in the latest attempt (``attempt``, ``state``:
 logging, ended or lost; ``fell_back``: why it logs to the run directory instead of the server
-asked; ``error``: why tracking was lost; ``status``: MLflow's status when ended). `status`
-and `submit --wait` say it in one line (:func:`summary_line`), and the batch script's
-`hpcsuite attempt end` closes a run rank 0 left RUNNING (:func:`close_run`).
+asked; ``error``: why tracking was lost; ``status``: MLflow's status when ended; ``made_by``
+and ``made_in``: the batch script's `attempt end` made the run, in that attempt, because rank
+0 never opened one). `status` and `submit --wait` say it in one line (:func:`summary_line`);
+the batch script's `hpcsuite attempt end` closes a run rank 0 left RUNNING, or makes the one
+it never opened (:mod:`.mlflow_end`).
 
 MLflow itself is imported only inside :func:`client_for`: by rank 0's tracking thread,
-`report`, `tracking sync` and an `attempt end` that has a run to close. MLflow 3 refuses its
-file store (in maintenance mode) unless ``MLFLOW_ALLOW_FILE_STORE`` is true, and reads its
-HTTP client's timeouts from the environment at each request: whoever uses a client does so
-inside :func:`mlflow_environment`, which sets both and puts the environment back after, so a
-login-node command leaves its environment as it found it.
+`report`, `tracking sync` and an `attempt end` that has a run to close or make. MLflow 3
+refuses its file store (in maintenance mode) unless ``MLFLOW_ALLOW_FILE_STORE`` is true, and
+reads its HTTP client's timeouts from the environment at each request: whoever uses a client
+does so inside :func:`mlflow_environment`, which sets both and puts the environment back
+after, so a login-node command leaves its environment as it found it.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ ALLOW = "MLFLOW_ALLOW_FILE_STORE"
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                  "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 INSTALL = "pip install 'hpcsuite[tracking]'"
-# attempt end's outcome -> the MLflow status of a run rank 0 left open
-FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
-TAG_CHARS = 500
+# mlflow.json's ``made_by`` for a run `attempt end` made (hpcsuite.runs.mlflow_end), and why
+MADE_BY_ATTEMPT_END = "attempt end"
+NEVER_OPENED = "rank 0 never opened one"
 # The commit and state of the submit directory's git tree when the job was submitted: the
 # runner hands them to sbatch, the batch script's environment keeps them (a requeue too), and
 # rank 0 tags the run with them.
@@ -148,19 +150,23 @@ def summary(run_dir: str | Path) -> dict | None:
     if not record:
         return None
     keys = ("uri", "run_id", "experiment", "asked", "fell_back", "attempt", "state", "status",
-            "error")
+            "error", "made_by", "made_in")
     return {k: record.get(k) for k in keys}
 
 
 def summary_line(run_dir: str | Path) -> str | None:
     """The one line `status` and `submit --wait` print about MLflow: the run, its store and
-    status; where it fell back to and why; what lost it."""
+    status, and who made it when rank 0 did not; where it fell back to and why; what lost it."""
     s = summary(run_dir)
     if s is None:
         return None
     parts = []
     if s["run_id"]:
-        status = f" ({s['status']})" if s["state"] in ("ended", "lost") and s["status"] else ""
+        said = [s["status"]] if s["state"] in ("ended", "lost") and s["status"] else []
+        if s["made_by"]:
+            said.append(f"made by {s['made_by']}: {NEVER_OPENED}" if s["made_in"] == s["attempt"]
+                        else f"made by attempt {s['made_in']}'s end: its {NEVER_OPENED}")
+        status = f" ({', '.join(said)})" if said else ""
         parts.append(f"run {s['run_id']}{status}, experiment {s['experiment']!r}, at {s['uri']}")
     if s["fell_back"]:
         parts.append(f"fell back to {s['uri']} ({s['fell_back']})")
@@ -169,89 +175,7 @@ def summary_line(run_dir: str | Path) -> str | None:
     return "MLflow: " + "; ".join(parts) if parts else None
 
 
-# ------------------------------------------------------------------- attempt end
-def mlflow_status(outcome: str, requeued: bool, slurm_ended: bool) -> str:
-    """The MLflow status of a run whose attempt ended as ``outcome`` (attempts.jsonl's) without
-    rank 0 closing it: KILLED for a stop (a preemption, the time limit, a signal it stopped on
-    without a checkpoint), for a failure hpcsuite requeues (the next attempt continues the
-    run) and for an end Slurm made (a cancel); FAILED for a failure that ends the job,
-    FINISHED for a completed attempt."""
-    if outcome == "completed":
-        return FINISHED
-    if outcome in ("preempted", "time_limit", "stopped") or requeued or slurm_ended:
-        return KILLED
-    return FAILED
-
-
-def end_attempt(job, run_dir: Path, out) -> None:
-    """`attempt end`, once the attempt is recorded, for a job that tracks: :func:`close_run`
-    with the attempt's record (attempts.jsonl) and what its first failing rank said."""
-    from ..errors import UserError
-    from .attempts import attempt_number, read_records, stop_signal
-
-    if job.train.tracking is None:
-        return
-    n = attempt_number()
-    try:
-        entry = [r for r in read_records(run_dir) if r["attempt"] == n][-1]
-    except (UserError, IndexError):
-        return          # no record of this attempt: nothing to say the run ended as
-    stop = stop_signal(run_dir, n)
-    slurm_ended = stop is not None and stop != job.train.preemption.signal
-    said = close_run(run_dir, n, entry["outcome"], bool(entry.get("requeued")), slurm_ended,
-                     failure_said(RunDir(run_dir).failed(n)))
-    if said:
-        out(said)
-
-
-def failure_said(marker: Path) -> str | None:
-    """A FAILED marker's word on the failure: the exception it raised, else its first
-    ``error:`` line, else its last line (None without a marker)."""
-    try:
-        lines = [l.strip() for l in marker.read_text(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return None
-    raised = [l[len("raised: "):] for l in lines if l.startswith("raised: ")]
-    errors = [l[len("error: "):] for l in lines[2:] if l.startswith("error: ")]
-    return (raised or errors or lines[-1:] or [None])[0]
-
-
-def close_run(run_dir: Path, attempt: int, outcome: str, requeued: bool = False,
-              slurm_ended: bool = False, error: str | None = None) -> str | None:
-    """`attempt end`: the run rank 0 left open (it died, or its last points were not sent in
-    time) gets the attempt's outcome as its status and an ``hpcsuite.status`` tag; a run a
-    later attempt continues stays resumable (mlflow.json is kept, and that attempt sets it
-    RUNNING again). The line to print, or None when there was nothing to do."""
-    path = RunDir(run_dir).mlflow
-    record = read_record(path)
-    if not record.get("run_id") or not record.get("uri"):
-        return None
-    if record.get("state") == "ended" and record.get("attempt") == attempt:
-        return None               # rank 0 ended it
-    status = mlflow_status(outcome, requeued, slurm_ended)
-    tags = {"hpcsuite.status": outcome + (", requeued" if requeued else ""),
-            "hpcsuite.attempt": str(attempt)}
-    if error:
-        tags["hpcsuite.error"] = error[:TAG_CHARS]
-    run_id, uri = record["run_id"], record["uri"]
-    try:
-        unreachable = server_unreachable(uri)
-        if unreachable:
-            return f"hpcsuite: MLflow run {run_id} left as it was: {unreachable}"
-        with mlflow_environment():
-            client = client_for(uri)
-            from mlflow.entities import RunTag
-
-            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-            client.set_terminated(run_id, status)
-    except Exception as e:  # noqa: BLE001 - the attempt's record matters more than MLflow's
-        return f"hpcsuite: MLflow run {run_id} left as it was: {failure_line(e)}"
-    lost = record.get("state") == "lost" and record.get("attempt") == attempt
-    update_record(path, status=status, closed_by="attempt end",
-                  **({} if lost else {"attempt": attempt, "state": "ended"}))  # a loss stays said
-    return f"hpcsuite: MLflow run {run_id} ended {status} (attempt {attempt} {outcome})"
-
-
+# ------------------------------------------------------------------- the store
 def server_unreachable(uri: str, seconds: float = 3.0) -> str | None:
     """Why the tracking server ``uri`` names cannot be reached from here, or None (a file
     store, a database, or a server that accepts a connection within ``seconds``)."""

@@ -5,11 +5,17 @@ steps and timestamps), artifacts, and the run's status, start and end times.
 
 A copy carries the tag ``hpcsuite.source_run_id``: a later sync finds it and adds only what is
 missing (points logged since, new artifacts, the status once the run ended), so a second sync
-of an unchanged run adds nothing. MLflow is imported when a sync runs, never with the module.
+of an unchanged run adds nothing. An artifact the source holds otherwise than the copy (a
+requeued job's results.json, `report`'s plots drawn again: MLflow overwrites them in the job's
+store) is sent again: a different size, or a different SHA-256 than the copy's tag
+``hpcsuite.source_artifact_sha256`` recorded when it was sent. MLflow is imported when a sync
+runs, never with the module.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -22,6 +28,10 @@ from .rundir import RunDir
 
 SOURCE_TAG = "hpcsuite.source_run_id"
 SOURCE_URI_TAG = "hpcsuite.source_uri"
+# The copy's: {artifact path: SHA-256} of the source's artifacts as last sent, so that a later
+# sync tells a changed artifact of the same size without downloading the copy's.
+DIGESTS_TAG = "hpcsuite.source_artifact_sha256"
+TAG_VALUE_CHARS = 8000      # MLflow's limit on a tag's value: more digests are not recorded
 TARGET_HELP = "http(s)://HOST[:PORT] (a tracking server) or sqlite:///PATH (a database)"
 METRICS_PER_CALL, PARAMS_PER_CALL, TAGS_PER_CALL = 1000, 100, 100   # log_batch's limits
 
@@ -37,7 +47,8 @@ class Synced:
     params: int = 0
     tags: int = 0
     metrics: int = 0        # metric points (a history's steps)
-    artifacts: int = 0      # files
+    artifacts: int = 0      # files sent
+    artifacts_changed: int = 0     # of which the copy held an older version
     status: str | None = None          # the copy's status after the sync
     status_changed: bool = False
     skipped: str | None = None         # why there was nothing to copy
@@ -55,8 +66,9 @@ class Synced:
         head = f"{self.run_dir}: MLflow run {self.source_run} -> {self.target_run}"
         if not self.added:
             return f"{head}: up to date ({self.status}), nothing added"
+        changed = f" ({self.artifacts_changed} changed)" if self.artifacts_changed else ""
         what = (f"{self.params} params, {self.tags} tags, {self.metrics} metric points, "
-                f"{self.artifacts} artifacts")
+                f"{self.artifacts} artifacts{changed}")
         return f"{head}: {'created' if self.created else 'completed'} ({what}; {self.status})"
 
     def to_json(self) -> dict:
@@ -122,7 +134,7 @@ def sync_run(run_dir: Path, target, to: str) -> Synced:
     done.target_run = copy.info.run_id
     add_params_and_tags(source_run=run, copy=copy, target=target, done=done)
     done.metrics = add_metrics(source, run, target, copy)
-    done.artifacts = add_artifacts(source, run, target, copy)
+    done.artifacts, done.artifacts_changed = add_artifacts(source, run, target, copy)
     done.status, done.status_changed = end_like(run, target, copy)
     return done
 
@@ -174,23 +186,72 @@ def add_metrics(source, run, target, copy) -> int:
     return len(missing)
 
 
-def artifact_files(client, run_id: str, path: str | None = None) -> list[str]:
-    """Every artifact file of the run, by its path in the run."""
-    out = []
+def artifact_files(client, run_id: str, path: str | None = None) -> dict[str, int | None]:
+    """Every artifact file of the run, by its path in the run: its size (None where the store
+    does not say)."""
+    out = {}
     for f in client.list_artifacts(run_id, path):
-        out += artifact_files(client, run_id, f.path) if f.is_dir else [f.path]
+        out.update(artifact_files(client, run_id, f.path) if f.is_dir else {f.path: f.file_size})
     return out
 
 
-def add_artifacts(source, run, target, copy) -> int:
-    have = set(artifact_files(target, copy.info.run_id))
-    missing = [p for p in artifact_files(source, run.info.run_id) if p not in have]
+def sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def add_artifacts(source, run, target, copy) -> tuple[int, int]:
+    """Every artifact of the source run the copy lacks or holds otherwise (see the module's
+    doc), then their digests recorded on the copy; (files sent, of which the copy held an
+    older version)."""
+    copy_id = copy.info.run_id
+    have = artifact_files(target, copy_id)
+    recorded = _recorded_digests(target.get_run(copy_id).data.tags.get(DIGESTS_TAG))
+    digests, send, changed = {}, [], 0
     with tempfile.TemporaryDirectory(prefix="hpcsuite-sync-") as tmp:
-        for path in missing:
-            local = source.download_artifacts(run.info.run_id, path, tmp)
+        mine, theirs = Path(tmp, "source"), Path(tmp, "copy")
+        mine.mkdir()
+        theirs.mkdir()
+        for path in sorted(artifact_files(source, run.info.run_id)):
+            local = Path(source.download_artifacts(run.info.run_id, path, str(mine)))
+            digests[path] = sha256(local)
+            if path in have:
+                if _holds(target, copy_id, path, have[path], recorded.get(path), local,
+                          digests[path], theirs):
+                    continue
+                changed += 1
+            send.append((path, local))
+        for path, local in send:
             folder = str(Path(path).parent)
-            target.log_artifact(copy.info.run_id, local, None if folder == "." else folder)
-    return len(missing)
+            target.log_artifact(copy_id, str(local), None if folder == "." else folder)
+    now = {**recorded, **digests}
+    text = json.dumps(now, sort_keys=True, separators=(",", ":"))
+    if now != recorded and len(text) <= TAG_VALUE_CHARS:
+        target.set_tag(copy_id, DIGESTS_TAG, text)
+    return len(send), changed
+
+
+def _holds(target, copy_id: str, path: str, size: int | None, sent: str | None, local: Path,
+           digest: str, scratch: Path) -> bool:
+    """Whether the copy's ``path`` (``size`` bytes, None: not said) is the source's file
+    ``local`` (SHA-256 ``digest``): the same size, and the same digest as the one recorded when
+    it was sent; a copy sent before digests were recorded is downloaded to compare."""
+    if size is not None and size != local.stat().st_size:
+        return False
+    if sent is None:
+        sent = sha256(target.download_artifacts(copy_id, path, str(scratch)))
+    return sent == digest
+
+
+def _recorded_digests(text: str | None) -> dict[str, str]:
+    try:
+        found = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
 
 
 def end_like(run, target, copy) -> tuple[str, bool]:

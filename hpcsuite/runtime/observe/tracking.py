@@ -18,47 +18,39 @@ takes seconds), which sends the points the training thread queued every :data:`F
 in ``log_batch`` calls. Anything going wrong (mlflow not installed, a store that cannot be
 written, a server's error) is said in one warning line and ends tracking for the attempt. A
 tracking server this node cannot reach (a compute node without a network: no TCP connection
-within :data:`CONNECT_SECONDS`) makes rank 0 log to the run directory's ``mlruns/`` instead,
-and the warning says where. What became of tracking (the run, a fall-back and why, a loss and
-its error) is kept in mlflow.json for `status` and `submit --wait`
-(:mod:`hpcsuite.runs.mlflow_store`, which also makes MLflow's client).
+within :data:`~hpcsuite.runs.mlflow_run.CONNECT_SECONDS`) makes rank 0 log to the run
+directory's ``mlruns/`` instead, and the warning says where. What became of tracking (the run,
+a fall-back and why, a loss and its error) is kept in mlflow.json for `status` and `submit
+--wait` (:mod:`hpcsuite.runs.mlflow_store`, which also makes MLflow's client). What a run holds
+(its store, experiment, name, params and tags) is :mod:`hpcsuite.runs.mlflow_run`'s, which the
+batch script's `attempt end` shares when it makes the run of an attempt whose rank 0 never
+opened one (:mod:`hpcsuite.runs.mlflow_end`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 import threading
 import time
 from pathlib import Path
 
 from ...runs.attempts import SAVED, attempt_number
-from ...runs.mlflow_store import (GIT_COMMIT, GIT_DIRTY, artifact_location, client_for, failure_line,
-                                 file_path, is_file_uri, local_uri, mlflow_environment,
-                                 read_record, server_unreachable, update_record, write_record)
+from ...runs.mlflow_run import (experiment_id, experiment_name, log_params, run_name,
+                                run_params, run_tags, store_from_here, store_uri)
+from ...runs.mlflow_store import (client_for, failure_line, mlflow_environment, read_record,
+                                  update_record, write_record)
 from ...runs.rundir import RunDir, RunRoot
-from ...world import current
 from ..rank.job_io import job_id
 from .chart import Paced
 
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 5.0      # queued points go to MLflow at least this often
-CONNECT_SECONDS = 3.0    # a tracking server that takes longer to accept a connection: unreachable
 FINISH_SECONDS = 20.0    # the most the end of an attempt waits for its last points and artifact
 OPEN_SECONDS = 120.0     # ... and, before that, for the run to open (mlflow's import, the store)
-PARAM_CHARS = 6000       # MLflow's limit on a param's value
-METRICS_PER_CALL = 1000  # log_batch's limits
-PARAMS_PER_CALL = 100
+METRICS_PER_CALL = 1000  # log_batch's limit
 _NOT_A_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")   # what MLflow refuses in a metric's name
-# What the managed loop reads and a script is never given (its own model, data, optimizer,
-# precision and gradient exchange): left out of a script's params.
-SCRIPT_IGNORES = ("train.model", "train.model_args", "train.loss", "train.data", "train.eval",
-                  "train.lr", "train.optimizer", "train.schedule", "train.precision",
-                  "train.ledger", "train.horovod.compression", "train.horovod.op",
-                  "train.horovod.allreduce")
 
 
 class Tracker(Paced):
@@ -193,9 +185,8 @@ class MlflowRun:
     def open(cls, job, paths: RunDir) -> "MlflowRun":
         """The run mlflow.json names, continued when its store is the one used now; else a new
         run in the job's experiment, with the spec as params, recorded in mlflow.json."""
-        spec = job.train.tracking.mlflow
         record = read_record(paths.mlflow)
-        asked = record.get("uri") or store_uri(spec.uri, paths)
+        asked = record.get("uri") or store_uri(job.train.tracking.mlflow.uri, paths)
         uri, fell_back = reachable(asked, paths)
         client = client_for(uri)
         tags = run_tags(job, paths)
@@ -208,9 +199,9 @@ class MlflowRun:
             update_record(paths.mlflow, **now)
             log.info("MLflow: continuing run %s (attempt %d) in %s", run_id, attempt_number(), uri)
             return made
-        name = spec.experiment or job.name
+        name = experiment_name(job)
         experiment = experiment_id(client, name, uri)
-        run = client.create_run(experiment, tags=tags, run_name=f"{job.name}-{paths.path.name}")
+        run = client.create_run(experiment, tags=tags, run_name=run_name(job, paths))
         made = cls(client, run.info.run_id, paths.mlflow)
         write_record(paths.mlflow, {"uri": uri, "run_id": made.run_id, "experiment": name,
                                     "experiment_id": experiment, "asked": asked,
@@ -220,11 +211,7 @@ class MlflowRun:
         return made
 
     def params(self, params: dict[str, str]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(items), PARAMS_PER_CALL):
-            self.client.log_batch(self.run_id, params=items[i:i + PARAMS_PER_CALL])
+        log_params(self.client, self.run_id, params)
 
     def tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -248,165 +235,15 @@ class MlflowRun:
 
 
 # ------------------------------------------------------------------- pure parts
-def flat_params(spec: dict, prefix: str = "") -> dict[str, str]:
-    """The resolved spec as MLflow params: ``train.lr`` -> ``"0.05"`` (JSON for everything but
-    strings), nested mappings flattened, at most :data:`PARAM_CHARS` per value. ``env`` gives
-    only its names (``{}`` for none): its values may be secrets a tracking server should not
-    keep."""
-    out: dict[str, str] = {}
-    for key, value in spec.items():
-        name = f"{prefix}{key}"
-        if name == "env":
-            out[name] = ",".join(sorted(value)) or "{}"
-        elif isinstance(value, dict) and value:
-            out.update(flat_params(value, f"{name}."))
-        else:
-            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-            out[name] = text if len(text) <= PARAM_CHARS else text[:PARAM_CHARS - 3] + "..."
-    return out
-
-
-def run_params(job, uri: str, experiment: str) -> dict[str, str]:
-    """The params of a new MLflow run: the resolved spec (in script mode without what only the
-    managed loop reads, :data:`SCRIPT_IGNORES`), with the store and experiment actually used."""
-    params = flat_params(job.to_dict())
-    if job.train.script is not None:
-        params = {k: v for k, v in params.items()
-                  if not any(k == i or k.startswith(i + ".") for i in SCRIPT_IGNORES)}
-    params["train.tracking.mlflow.uri"] = uri
-    params["train.tracking.mlflow.experiment"] = experiment
-    return params
-
-
 def metric_key(key: str) -> str:
     """A series' name as MLflow takes it (a script's run.log() may use any name)."""
     return _NOT_A_KEY.sub("_", key)
 
 
-def store_uri(uri: str | None, paths: RunDir) -> str:
-    """The spec's URI (a path made a file: URI), or the file store shared by the job name."""
-    if uri is None:
-        return paths.default_mlruns.as_uri()
-    return local_uri(uri)
-
-
 def reachable(uri: str, paths: RunDir) -> tuple[str, str | None]:
     """(``uri``, None), or (the run directory's file store, why) where ``uri`` is a server
     this node cannot reach (said in one warning line)."""
-    why = server_unreachable(uri, CONNECT_SECONDS)
-    if why is None:
-        return uri, None
-    log.warning("train.tracking.mlflow.uri: %s: %s; logging to %s instead", uri, why,
-                paths.mlruns)
-    return paths.mlruns.absolute().as_uri(), f"{uri}: {why}"
-
-
-def run_tags(job, paths: RunDir) -> dict[str, str]:
-    """The Slurm job, the array element (a sweep's: grouped by hpcsuite.sweep), the attempt,
-    the git commit recorded at submit and whether the tree had changes not committed."""
-    world = current()
-    tags = {"hpcsuite.job": job.name, "hpcsuite.run_dir": str(paths.path.absolute()),
-            "hpcsuite.attempt": str(world.attempt), "hpcsuite.host": world.node,
-            "hpcsuite.spec_digest": job.digest()}
-    if world.job_id:
-        tags["hpcsuite.slurm_job_id"] = world.job_id
-    array, index = world.array_job_id, world.array_task_id
-    if array and index:          # only a sweep submits a job array
-        tags.update({"hpcsuite.sweep": job.name, "hpcsuite.array_job_id": array,
-                     "hpcsuite.array_index": index})
-    return {**tags, **git_tags()}
-
-
-def git_tags() -> dict[str, str]:
-    """``mlflow.source.git.commit`` and ``hpcsuite.git_dirty``: as the runner recorded them at
-    submit (the tree may have moved on while the job queued); a script run by hand, outside a
-    job hpcsuite submitted, reads the working tree."""
-    if GIT_COMMIT in os.environ:
-        commit, dirty = os.environ[GIT_COMMIT], os.environ.get(GIT_DIRTY, "")
-    else:
-        commit, dirty = git_commit(Path.cwd()), ""
-    tags = {"mlflow.source.git.commit": commit} if commit else {}
-    if commit and dirty in ("true", "false"):
-        tags["hpcsuite.git_dirty"] = dirty
-    return tags
-
-
-def git_commit(start: Path) -> str | None:
-    """The commit checked out in the git work tree holding ``start``, read from its files (a
-    compute node may have no git)."""
-    for d in [start, *start.parents]:
-        git = d / ".git"
-        try:
-            if git.is_file():          # a worktree or submodule: "gitdir: PATH"
-                git = (d / git.read_text().split(":", 1)[1].strip()).resolve()
-            if not git.is_dir():
-                continue
-            head = (git / "HEAD").read_text().strip()
-            if not head.startswith("ref: "):
-                return head or None
-            common = git / (git / "commondir").read_text().strip() \
-                if (git / "commondir").is_file() else git
-            return _ref(common, head[5:])
-        except (OSError, IndexError):
-            return None
-    return None
-
-
-def _ref(git: Path, ref: str) -> str | None:
-    loose = git / ref
-    if loose.is_file():
-        return loose.read_text().strip() or None
-    packed = git / "packed-refs"
-    for line in packed.read_text().splitlines() if packed.is_file() else []:
-        if line.endswith(f" {ref}"):
-            return line.split()[0]
-    return None
-
-
-# ------------------------------------------------------------------- MLflow's client
-LOCK = ".hpcsuite-experiments.lock"
-
-
-def store_lock(store: Path) -> int:
-    """A descriptor to flock of the file store's lock, whoever made it: every user of a shared
-    store (a 1777 directory) takes the same lock. Only read (flock needs no write access), and
-    made readable by all whatever the umask (it holds nothing); a lock another user's umask
-    kept from this one falls back to a lock of this user's own."""
-    path = store / LOCK
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.fchmod(fd, 0o644)
-        return fd
-    except FileExistsError:
-        pass
-    try:
-        return os.open(path, os.O_RDONLY)
-    except PermissionError:
-        log.warning("%s: permission denied: this user's experiments are created under a lock "
-                    "of its own", path)
-        return os.open(store / f"{LOCK}.{os.getuid()}", os.O_RDONLY | os.O_CREAT, 0o600)
-
-
-def experiment_id(client, name: str, uri: str) -> str:
-    """The experiment called ``name``, created when missing. The elements of a sweep start
-    together: a file store is locked while one looks and creates (it would make two of the
-    same name), a server refuses the second, which then finds the first."""
-    import fcntl
-
-    lock = store_lock(file_path(uri)) if is_file_uri(uri) else None
-    if lock is not None:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        found = client.get_experiment_by_name(name)
-        if found is not None:
-            return found.experiment_id
-        try:
-            return client.create_experiment(name, artifact_location(uri))
-        except Exception:  # noqa: BLE001 - MlflowException: another job created it meanwhile
-            found = client.get_experiment_by_name(name)
-            if found is None:
-                raise
-            return found.experiment_id
-    finally:
-        if lock is not None:
-            os.close(lock)
+    used, fell_back = store_from_here(uri, paths)
+    if fell_back is not None:        # "URI: why"
+        log.warning("train.tracking.mlflow.uri: %s; logging to %s instead", fell_back, paths.mlruns)
+    return used, fell_back
