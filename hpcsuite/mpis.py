@@ -107,3 +107,21 @@ def identify(text: str) -> Found | None:
 def flavour_of(found: Found | None) -> str | None:
     """The first flavour in :data:`FLAVOURS` that covers ``found``, or None."""
     return next((name for name, flavour in FLAVOURS.items() if flavour.covers(found)), None)
+
+
+# A Horovod build's record (setup.sh's .horovod-key, hpcsuite-build-horovod's stamp, in the
+# venv): its key names the MPI it was compiled against, ..._openmpi-4.1.4[-HASH].
+BUILD_RECORDS = (".hpcsuite-build-horovod-key", ".horovod-key")
+_BUILT = re.compile(r"_(openmpi|mpich|intelmpi)-(\d+(?:\.\d+)*)")
+
+
+def built_against(key: str | None) -> tuple[str, str] | None:
+    """(family, version) of the MPI a Horovod build record's key names, or None."""
+    m = _BUILT.search(key or "")
+    return (m.group(1), m.group(2)) if m else None
+
+
+def same_release(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two (family, version) are one MPI release (major.minor): Horovod compiled
+    against one runs with the other."""
+    return a[0] == b[0] and a[1].split(".")[:2] == b[1].split(".")[:2]

@@ -56,8 +56,13 @@ def test_gpu_partitions_need_a_horovod_built_with_nccl():
     assert missing.status == doctor.FAIL and "install Horovod" in missing.hint
     no_tf = doctor.check_horovod(build(frameworks={"PyTorch"}, missing={
         "TensorFlow": "ModuleNotFoundError: No module named 'tensorflow'"}), SiteProfile())
-    assert no_tf.status == doctor.WARN and no_tf.detail.endswith(
-        "; no TensorFlow support (ModuleNotFoundError: No module named 'tensorflow')")
+    # a torch-only venv (issue 51, point 5d): nothing is broken, nothing to warn of
+    assert no_tf.status == doctor.PASS and no_tf.detail.endswith("; TensorFlow not installed")
+    assert "hpcsuite-build-horovod" in missing.hint and "setup.sh" not in missing.hint
+    broken = doctor.check_horovod(build(frameworks={"PyTorch"}, missing={
+        "TensorFlow": "ImportError: Extension horovod.tensorflow has not been built"}), SiteProfile())
+    assert broken.status == doctor.WARN and broken.detail.endswith(
+        "; no TensorFlow support (ImportError: Extension horovod.tensorflow has not been built)")
 
 
 def test_doctor_says_whether_horovod_has_nccl_and_cuda():
@@ -145,3 +150,35 @@ def test_the_slow_checks_run_side_by_side_and_doctor_says_what_it_waits_for(monk
     assert next(c for c in checks if c.name == "horovod-mpi").detail == "links the MPI on PATH"
     without = doctor.run_checks(SiteProfile(), compute=False, progress=said.append)
     assert "compute" not in [c.name for c in without]
+
+
+def test_the_compute_probe_runs_the_jobs_prologue_with_the_partitions_account(monkeypatch):
+    """Issue 51, point 5a: a profile whose modules break every job failed nothing in doctor,
+    whose probe was a bare `srun python`."""
+    from hpcsuite.submit.site_profile import Partition
+
+    profile = SiteProfile(module_init="source /usr/share/lmod/lmod/init/bash",
+                          modules=["openmpi/5.0", "nosuch/1.0"], module_paths=["/apps/mods"],
+                          setup=["export SCRATCH=/tmp"],
+                          partitions={"gpu": Partition(account="ml")})
+    asked = []
+
+    def run(argv, timeout=0):
+        asked.append(argv)
+        return 1, "ERROR: Unable to locate a modulefile for 'nosuch/1.0'\nsrun: error: exit 1"
+
+    monkeypatch.setattr(doctor, "_run", run)
+    check = doctor.check_compute("/opt/venv/bin/python", "gpu", profile=profile)
+    argv = asked[0]
+    assert "--partition=gpu" in argv and "--account=ml" in argv
+    script = argv[argv.index("-c") + 1]
+    assert script.splitlines()[:6] == ["set -eo pipefail", "source /usr/share/lmod/lmod/init/bash",
+                                      "module use /apps/mods", "module load openmpi/5.0",
+                                      "module load nosuch/1.0", "export SCRATCH=/tmp"]
+    assert argv[-2] == "/opt/venv/bin/python"
+    assert check.status == doctor.FAIL and check.detail.startswith(
+        "the jobs' prologue from the site profile failed on a compute node: ERROR: Unable to "
+        "locate a modulefile for 'nosuch/1.0'")
+    assert "module_init" in check.hint
+    # no prologue: the bare probe, as before
+    assert doctor.compute_argv("python3", None, SiteProfile())[-3:] == ["python3", "-c", doctor.PROBE]

@@ -82,7 +82,7 @@ def test_site_template_and_lock(site):
     assert "site check: module=loaded marker=from-site-template" in log
 
 
-def test_profile_modules_and_mca_reach_every_rank(local_cluster, tmp_path):
+def test_profile_modules_and_mca_reach_every_rank(local_cluster, tmp_path, monkeypatch):
     """A site profile's module_init, module_paths and modules are loaded, and its mpi.mca
     settings are in force, in every rank on every node (what a rank sees, not the script)."""
     cluster, env = local_cluster
@@ -105,6 +105,35 @@ def test_profile_modules_and_mca_reach_every_rank(local_cluster, tmp_path):
     (tmp_path / "job.yaml").write_text(
         "name: modjob\nresources: {nodes: 2, time: '00:05:00'}\ntrain: {script: envdump.py}\n")
     env = dict(env, HPCSUITE_PROFILE=str(profile))
+    # Issue 51, point 5: lint --slurm and doctor's compute probe try the profile's module lines
+    # as the jobs run them: a misspelt module, or Lmod's init on this Environment Modules site,
+    # is found before any job dies of it.
+    assert run_cli("lint", "job.yaml", "--slurm", env=env, cwd=tmp_path).returncode == 0
+    for wrong, said in [("modules: [site-tools]", "modules: site-tool: the module system here "
+                                                  "does not find it"),
+                        ("source /usr/share/modules/init/bash",
+                         "module_init: 'source /usr/share/lmod/lmod/init/bash' fails here")]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(profile.read_text().replace(wrong, {
+            "modules: [site-tools]": "modules: [site-tool]"}.get(wrong, "source /usr/share/lmod/lmod/init/bash")))
+        lint = run_cli("lint", "job.yaml", "--slurm", env=dict(env, HPCSUITE_PROFILE=str(bad)),
+                       cwd=tmp_path)
+        assert lint.returncode == 2 and said in lint.stderr, lint.stderr
+    import dataclasses
+    import sys
+
+    from hpcsuite.site import doctor
+    from hpcsuite.submit.site_profile import SiteProfile
+
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+    good = SiteProfile(module_init="source /usr/share/modules/init/bash",
+                       module_paths=[str(modulefiles)], modules=["site-tools"])
+    assert doctor.check_compute(sys.executable, None, 180, profile=good).status != doctor.FAIL
+    misspelt = dataclasses.replace(good, modules=["site-tool"])
+    check = doctor.check_compute(sys.executable, None, 180, profile=misspelt)
+    assert check.status == doctor.FAIL and check.detail.startswith(
+        "the jobs' prologue from the site profile failed on a compute node"), check
+    assert "site-tool" in check.detail, check
     done = run_cli("submit", "job.yaml", "--wait", "--json", env=env, cwd=tmp_path, timeout=500)
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = tmp_path / json.loads(done.stdout)["run_dir"]

@@ -80,6 +80,9 @@ def test_a_rank_whose_mpi_is_not_the_profiles_stops_with_one_line(tmp_path):
 
 
 def test_nothing_is_said_when_the_flavour_or_library_is_unknown(tmp_path, monkeypatch):
+    from hpcsuite import mpis
+
+    monkeypatch.setattr(mpis, "BUILD_RECORDS", ())    # not this venv's own build record
     monkeypatch.setattr(horovod_mpi, "loaded_libmpi", lambda: None)
     (tmp_path / "profile.json").write_text(json.dumps({"mpi": {"flavour": "mpich"}}))
     horovod_mpi.check(str(tmp_path))                 # no libmpi loaded: nothing to compare
@@ -91,3 +94,48 @@ def test_nothing_is_said_when_the_flavour_or_library_is_unknown(tmp_path, monkey
     with pytest.raises(UserError, match=r"^mpi\.flavour: mpich .* links Open MPI v5\.0\.11 at "
                                         r"/x/libmpi\.so\.12, not MPICH: "):
         horovod_mpi.check(str(tmp_path))
+
+
+def test_a_module_that_makes_the_soname_resolve_to_another_mpi_is_named():
+    """Issue 51, point 5b: Horovod built against Debian's Open MPI 4.1, the jobs' Open MPI 5
+    module's LD_LIBRARY_PATH makes libmpi.so.40 resolve to 5.0.11, and mpirun is 5.0.11 too:
+    doctor said ok, the job failed at once."""
+    from hpcsuite.mpis import built_against
+    from hpcsuite.site.horovod_mpi import judge
+
+    link = {"libs": ["torch/mpi_lib_v2.cpython-311-x86_64-linux-gnu.so"],
+            "libmpi": {"libmpi.so.40": "/opt/openmpi-5.0.11/lib/libmpi.so.40"},
+            "library_version": "Open MPI v5.0.11, package: Open MPI builder Distribution, "
+                               "ident: 5.0.11, repo rev: v5.0.11, Jun 25, 2025",
+            "library_path": "/opt/openmpi-5.0.11/lib/libmpi.so.40.40.11",
+            "built_for": "horovod-0.28.1_torch-2.13.0_tf-2.21.0_cp311_openmpi-4.1.4",
+            "built_record": "/opt/venv/.horovod-key"}
+    launcher = {"launcher": "mpirun", "path": "/opt/openmpi-5.0.11/bin/mpirun",
+                "family": "openmpi", "version": "5.0.11"}
+    status, detail, hint = judge(link, launcher)
+    assert status == "fail", detail
+    assert detail.startswith("Horovod was built against openmpi 4.1.4 (its build record "
+                             "/opt/venv/.horovod-key), but under this environment libmpi.so.40 "
+                             "resolves to openmpi 5.0.11"), detail
+    assert "hpcsuite-build-horovod" in hint
+    assert judge({**link, "built_for": "horovod-0.28.1_torch-2.13.0_cp311_openmpi-5.0.11-ab12cd34"},
+                 launcher)[0] == "pass"
+    assert built_against("horovod-0.28.1_torch-2.13.0_cp311_mpich-4.3.0-1a2b3c4d") == ("mpich", "4.3.0")
+    assert built_against(None) is None
+
+
+def test_the_rank_names_a_libmpi_of_another_release_than_its_build(tmp_path, monkeypatch):
+    """Issue 51, point 5b, in the rank: the same soname resolved to Open MPI 5 under a build
+    for 4.1 is named with its fix, not left to fail in MPI_Init."""
+    import sys
+
+    from hpcsuite.errors import UserError
+
+    (tmp_path / ".horovod-key").write_text("horovod-0.28.1_torch-2.13.0_cp311_openmpi-4.1.4\n")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    open5 = "Open MPI v5.0.11, package: Open MPI builder Distribution, ident: 5.0.11"
+    with pytest.raises(UserError, match=r"built against openmpi 4.1.4 \(its build record "
+                                        r".*\.horovod-key\), but it loaded Open MPI 5.0.11 from "
+                                        r"/opt/ompi5/lib/libmpi.so.40 .*hpcsuite-build-horovod"):
+        horovod_mpi.built_mismatch("/opt/ompi5/lib/libmpi.so.40", open5)
+    horovod_mpi.built_mismatch("/usr/lib/libmpi.so.40", "Open MPI v4.1.4, package: Debian")

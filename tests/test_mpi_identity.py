@@ -197,6 +197,7 @@ def test_doctor_asks_an_added_flavours_launcher_and_judges_it(a_flavour_added, m
 
 
 def test_the_rank_checks_an_added_flavour(a_flavour_added, monkeypatch):
+    monkeypatch.setattr(mpis, "BUILD_RECORDS", ())    # not this venv's own build record
     assert rank_check.mismatch("craympich", first_line(CRAY_MPICH)) is None
     assert rank_check.mismatch("craympich", first_line(MPICH)) == "not Cray MPICH"
     monkeypatch.setattr(rank_check, "profile_flavour", lambda run_dir: "craympich")

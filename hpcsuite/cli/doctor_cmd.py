@@ -38,8 +38,9 @@ def doctor(spec, profile_path, as_json, no_compute):
                 slowed clocks, other processes
     fabric      the profile's fabric and the busbw preflight.fabric (site) asks, or
                 why site cannot be used (the profile names no fabric)
-    compute     one srun on a compute node: Python, numpy, torch, TensorFlow, Horovod,
-                and its GPUs' health
+    compute     one srun on a compute node as a job runs there (the partition's account,
+                the profile's module_init, modules and setup first): Python, numpy,
+                torch, TensorFlow, Horovod, and its GPUs' health
 
     The slow checks (horovod, horovod-mpi, compute) run side by side; stderr says what
     doctor waits for and when each is done. With SPEC, its launcher, partition and env

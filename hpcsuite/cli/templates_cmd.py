@@ -122,7 +122,8 @@ def validate(directory, profile_path):
 @click.option("--slurm/--no-slurm", "against_slurm", default=None,
               help="Check the job against the partitions of the Slurm that SLURM_CONF points to "
                    "(nodes, CPUs and GPUs per node), and its rendered script against what "
-                   "changed in that Slurm's release since 22.05 (docs/admin/slurm-versions.md). "
+                   "changed in that Slurm's release since 22.05 (docs/admin/slurm-versions.md), "
+                   "and the profile's module_init and modules against the module system here. "
                    "Default: when Slurm answers.")
 @click.option("--build", is_flag=True,
               help="Also open the job's data and build its model here, in one process, as a "
@@ -148,6 +149,10 @@ def lint(spec, profile_path, sets, against_slurm, build):
             # would say again in other words (the partition's CPUs, GPUs, nodes).
             refused = {f.key for f in findings if f.level == "error"}
             findings += [f for f in slurm_findings(r.job) if f.key not in refused]
+            from ..site.job_prologue import module_problems
+            from ..submit.lint import Finding
+
+            findings += [Finding("error", key, why) for key, why in module_problems(r.profile)]
             if not refused:      # the rendered script against what changed after 22.05
                 from ..runner.against_slurm import rendered, rule_findings
 

@@ -20,6 +20,7 @@ from .doctor_parse import interface_names, parse_check_build, parse_mpi_list, pa
 from . import horovod_mpi
 from .horovod_mpi import ask as _run
 from .horovod_mpi import describe_gpu_build, framework_build, horovod_build  # noqa: F401
+from .job_prologue import PROBE, PROLOGUE_DONE, compute_argv, prologue  # noqa: F401
 from .slurm_versions import judge_mpi, judge_slurm
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -43,6 +44,9 @@ def check_pinned(in_vain: tuple[str, str] | None) -> Check | None:
     to do, from :func:`hpcsuite.submit.pinning.pinned_in_vain`: the command asks it, as site/
     reads no configuration); None: nothing to say."""
     return Check("profile", WARN, *in_vain) if in_vain else None
+
+
+BUILD = "hpcsuite-build-horovod in the jobs' venv with the MPI's module loaded"
 
 
 def check_slurm(profile: SiteProfile) -> Check:
@@ -108,25 +112,39 @@ def check_horovod(b: dict, profile: SiteProfile) -> Check:
     """:func:`horovod_build`'s answer against the profile (GPU partitions need NCCL)."""
     if "error" in b:
         return Check("horovod", FAIL, b["error"],
-                     "install Horovod with scripts/setup.sh (or load the site's module)")
+                     f"install Horovod: {BUILD} (or load the site's module)")
     detail = (f"frameworks {', '.join(sorted(b['frameworks'])) or 'none'}; controllers "
               f"{', '.join(sorted(b['controllers'])) or 'none'}; operations "
               f"{', '.join(sorted(b['operations'])) or 'none'}; {describe_gpu_build(b['gpu'])}")
     missing = b.get("missing") or {}
     if "MPI" not in b["controllers"]:
-        return Check("horovod", FAIL, detail, "rebuild Horovod with HOROVOD_WITH_MPI=1 "
-                     "(scripts/setup.sh does)")
+        return Check("horovod", FAIL, detail, f"rebuild Horovod with MPI: {BUILD}")
     gpus = {name: p.gpus_per_node for name, p in profile.partitions.items() if p.gpus_per_node}
     if gpus and "NCCL" not in b["operations"]:
         where = ", ".join(f"{n}: {g} per node" for n, g in sorted(gpus.items()))
         return Check("horovod", FAIL, f"{detail}; the profile has GPU partitions ({where}) but "
                      "this Horovod has no NCCL", "rebuild Horovod on a node with CUDA: "
-                     "scripts/setup.sh builds it with HOROVOD_GPU_OPERATIONS=NCCL there")
+                     f"{BUILD} builds it with HOROVOD_GPU_OPERATIONS=NCCL there")
+    absent = {name for name, why in missing.items() if _not_installed(name, why)}
+    missing = {name: why for name, why in missing.items() if name not in absent}
+    if absent:    # a torch-only venv: nothing of Horovod is broken
+        detail += "; " + ", ".join(f"{name} not installed" for name in sorted(absent))
     if missing:
         return Check("horovod", WARN, f"{detail}; " + "; ".join(
             f"no {name} support ({why})" for name, why in sorted(missing.items())),
             "jobs with that backend fail at import")
     return Check("horovod", PASS, detail)
+
+
+# check-build's framework names -> the module each imports
+FRAMEWORK_MODULES = {"PyTorch": "torch", "TensorFlow": "tensorflow"}
+
+
+def _not_installed(name: str, why: str) -> bool:
+    """Whether Horovod's ``name`` support failed only because the framework itself is not
+    installed (a torch-only venv), not because Horovod's build of it is broken."""
+    module = FRAMEWORK_MODULES.get(name, name.lower())
+    return f"No module named '{module}'" in why
 
 
 def check_infiniband(profile: SiteProfile, root: Path = Path("/sys/class/infiniband")) -> Check:
@@ -221,32 +239,20 @@ def check_fabric(profile: SiteProfile) -> Check:
                  f"pair ({fabrics.PREFLIGHT_SHARE:.0%})")
 
 
-PROBE = """
-import json, os, sys
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-out = {"python": sys.version.split()[0], "host": os.uname().nodename}
-for mod in ("numpy", "torch", "tensorflow", "horovod", "mpi4py"):
-    try:
-        out[mod] = __import__(mod).__version__
-    except Exception as e:
-        out[mod] = "MISSING: " + type(e).__name__ + ": " + str(e)[:120]
-try:   # the node's GPUs through NVML, judged on the login node (hpcsuite.gpuhealth)
-    import pynvml
-    from hpcsuite import gpuhealth
-    out["gpu_health"] = gpuhealth.read_all(pynvml)
-except Exception as e:
-    nvml = type(e).__name__.startswith("NVMLError")
-    out["gpu_health"] = ("no GPU (NVML: %s)" if nvml else "GPU health not read (%s)") % str(e)[:120]
-print("HPCSUITE_PROBE=" + json.dumps(out))
-"""
-
-
-def check_compute(python: str, partition: str | None, timeout: float = 300) -> Check:
-    argv = ["srun", "--nodes=1", "--ntasks=1", "--time=00:05:00", "--job-name=hpcsuite-doctor"]
-    if partition:
-        argv.append(f"--partition={partition}")
-    code, out = _run([*argv, python, "-c", PROBE], timeout=timeout)
+def check_compute(python: str, partition: str | None, timeout: float = 300,
+                  profile: SiteProfile | None = None) -> Check:
+    argv = compute_argv(python, partition, profile)
+    code, out = _run(argv, timeout=timeout)
     line = next((l for l in out.splitlines() if l.startswith("HPCSUITE_PROBE=")), None)
+    if prologue(profile) and PROLOGUE_DONE not in out:
+        lines = [l.strip() for l in out.splitlines() if l.strip()]
+        said = [l for l in lines if not l.startswith("srun:") and any(
+            w in l.lower() for w in ("error", "unable", "not found", "no such"))] or \
+            [l for l in lines if not l.startswith("srun:")] or lines
+        return Check("compute", FAIL, "the jobs' prologue from the site profile failed on a "
+                     f"compute node: {(said or [f'srun exit {code}'])[-1][:300]}",
+                     "every job would fail the same way: fix module_init, module_paths, modules "
+                     "or setup in the site profile (try them in `srun --pty bash`)")
     if code != 0 or line is None:
         return Check("compute", FAIL, (out.splitlines() or [f"srun exit {code}"])[-1][:300],
                      f"the ranks run {python} on the compute nodes: set python: in the site "
@@ -260,8 +266,13 @@ def check_compute(python: str, partition: str | None, timeout: float = 300) -> C
                      "land on it")
     if {"numpy", "horovod"} & set(missing) or {"torch", "tensorflow"} <= set(missing):
         return Check("compute", FAIL, f"{detail}; " + "; ".join(f"{k} {v}" for k, v in
-                     missing.items()), "install the train extra and frameworks on the compute "
-                     "nodes (scripts/setup.sh) or load the site's modules")
+                     missing.items()), "install hpcsuite[train], the frameworks and Horovod "
+                     f"({BUILD}) on the compute nodes, or load the site's modules")
+    absent = {k for k, v in missing.items() if k in ("torch", "tensorflow")
+              and f"No module named '{k}'" in str(v)}
+    if absent:    # one framework, not installed: the site's choice, not a broken install
+        detail += "; " + ", ".join(f"{k} not installed" for k in sorted(absent))
+        missing = {k: v for k, v in missing.items() if k not in absent}
     if missing:
         return Check("compute", WARN, f"{detail}; {', '.join(missing)} missing",
                      "jobs with that backend fail at import")
@@ -338,7 +349,8 @@ def check_container(profile: SiteProfile) -> Check | None:
 WAITS = {
     "horovod": "Horovod's build (horovod.torch and horovod.tensorflow, each importing its framework)",
     "horovod-mpi": "which libmpi Horovod links (ldd, in the job's Python)",
-    "compute": "one srun on a compute node (Python, numpy, torch, TensorFlow, Horovod there)",
+    "compute": "one srun on a compute node, after the jobs' prologue (modules, setup): Python, "
+               "numpy, torch, TensorFlow, Horovod there",
 }
 
 
@@ -361,7 +373,7 @@ def run_checks(profile: SiteProfile, launcher: str | None = None, partition: str
     slow = {"horovod": lambda: horovod_build(python),
             "horovod-mpi": lambda: Check("horovod-mpi", *horovod_mpi.check(python, env))}
     if compute and slurm_check.status != FAIL:
-        slow["compute"] = lambda: check_compute(python, partition)
+        slow["compute"] = lambda: check_compute(python, partition, profile=profile)
     with ThreadPoolExecutor(max_workers=len(slow)) as pool:
         futures = {name: pool.submit(fn) for name, fn in slow.items()}
         say("waiting for " + "; ".join(WAITS[name] for name in futures))

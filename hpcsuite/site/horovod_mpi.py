@@ -58,6 +58,14 @@ else:
         except Exception as e:
             out["library_error"] = type(e).__name__ + ": " + str(e)[:160]
         break
+import sys
+for stamp in (".hpcsuite-build-horovod-key", ".horovod-key"):   # the build's own record
+    try:
+        out["built_for"] = open(os.path.join(sys.prefix, stamp)).read().strip()[:300]
+        out["built_record"] = os.path.join(sys.prefix, stamp)
+        break
+    except OSError:
+        pass
 print("HPCSUITE_LINK=" + json.dumps(out))
 """
 
@@ -146,6 +154,16 @@ def judge(link: dict, launcher: dict) -> tuple[str, str, str]:
         return "warn", f"Horovod links {where}, which did not say its version " \
                        f"({link.get('library_error', 'no MPI_Get_library_version')})", ""
     lib = f"Horovod links {library[0]} {library[1]} ({link.get('library_path', where)})"
+    built = mpis.built_against(link.get("built_for"))
+    if built and not mpis.same_release(built, library):
+        # the same soname resolves to another MPI (a module's LD_LIBRARY_PATH): Horovod was
+        # compiled against the other one's headers and fails at once in the job
+        return "fail", (f"Horovod was built against {built[0]} {built[1]} (its build record "
+                        f"{link.get('built_record')}), but under this environment {soname} "
+                        f"resolves to {library[0]} {library[1]} ({link.get('library_path', where)})"), \
+            ("rebuild Horovod with the MPI the jobs load: module load it, then "
+             "hpcsuite-build-horovod (docs/admin/install.md); or load the MPI it was built "
+             "against")
     if "error" in launcher:
         return "fail", f"{lib}; {launcher['error']}", \
             "load the MPI module the jobs use (module load ...), or the site profile's modules:"

@@ -62,6 +62,29 @@ def mismatch(flavour: str, version: str) -> str | None:
     return f"not {want.words}"
 
 
+def built_mismatch(path: str, version: str | None) -> None:
+    """Refuse when the libmpi this rank loaded is another MPI release than the one its
+    Horovod's build record names (a module's LD_LIBRARY_PATH making the same soname resolve to
+    another Open MPI): Horovod fails at once in MPI_Init otherwise, with no word of why."""
+    import sys
+
+    found = mpis.identify(version or "")
+    for name in mpis.BUILD_RECORDS:
+        try:
+            key = (Path(sys.prefix) / name).read_text().strip()
+        except OSError:
+            continue
+        built = mpis.built_against(key)
+        if built and found and not mpis.same_release(built, (found.library.family, found.version)):
+            raise UserError(
+                f"this rank's Horovod was built against {built[0]} {built[1]} (its build record "
+                f"{Path(sys.prefix) / name}), but it loaded {found} from {path} (the environment's "
+                "LD_LIBRARY_PATH, a module the job loads): rebuild Horovod with the MPI the jobs "
+                "load (module load it, then hpcsuite-build-horovod), or load the MPI it was built "
+                "against")
+        return
+
+
 def profile_flavour(run_dir: str | None) -> str | None:
     """The ``mpi.flavour`` of the site profile the job was submitted with (its run directory's
     profile.json); None when it cannot be read (a job started by hand)."""
@@ -82,11 +105,12 @@ def check(run_dir: str | None, horovod_file: str | None = None) -> None:
     ``hvd.init()``. Nothing is said when the flavour or the library cannot be known."""
     flavour = profile_flavour(run_dir)
     path = loaded_libmpi()
-    if flavour is None or path is None:
+    if path is None:
         return
     version = library_version(path)
-    why = mismatch(flavour, version) if version else None
+    why = mismatch(flavour, version) if version and flavour else None
     if why is None:
+        built_mismatch(path, version)
         return
     words = mpis.FLAVOURS[flavour].words
     where = f" ({Path(horovod_file).parent})" if horovod_file else ""
@@ -94,5 +118,6 @@ def check(run_dir: str | None, horovod_file: str | None = None) -> None:
     raise UserError(
         f"mpi.flavour: {flavour} (the site profile), but this rank's Horovod{where} links "
         f"{said} at {path}, {why}: build Horovod against {words} into the "
-        f"profile's python (scripts/setup.sh --mpi {flavour} on the local cluster), or set "
+        f"profile's python (hpcsuite-build-horovod there with that MPI's module loaded; "
+        f"scripts/setup.sh --mpi {flavour} on the local cluster), or set "
         "mpi.flavour and python to an MPI and interpreter that go together")

@@ -33,7 +33,7 @@ def _imports():
         import horovod.tensorflow as hvd
     except ImportError as e:
         raise UserError(f"hpcsuite train (backend tensorflow) cannot import {e.name}: {e}; install "
-                        "tensorflow and Horovod on the compute nodes (scripts/setup.sh) or load "
+                        "tensorflow and Horovod on the compute nodes (hpcsuite-build-horovod) or load "
                         "the site's modules in the profile") from None
     return tf, keras, horovod, hvd
 

@@ -40,7 +40,7 @@ def _imports():
         import horovod.torch as hvd
     except ImportError as e:
         raise UserError(f"hpcsuite train (backend torch) cannot import {e.name}: {e}; install "
-                        "torch and Horovod on the compute nodes (scripts/setup.sh) or load the "
+                        "torch and Horovod on the compute nodes (hpcsuite-build-horovod) or load the "
                         "site's modules in the profile") from None
     return torch, horovod, hvd
 
