@@ -71,3 +71,31 @@ def test_a_log_slurm_could_not_open_is_said_as_that():
                            "log /scratch/runs/a/slurm-7.out; the job's user must be able to")
     assert "killed" not in said
     assert exit_words("0:15") == "exit 0:15 (the batch script was killed by SIGTERM)"
+
+
+def test_status_shows_each_failed_attempts_cause_and_leads_with_none_after_completion(tmp_path):
+    """Issue 51, points 14 and 16: a requeued job that completed led `status` with attempt
+    0's error; a second failure's cause was not shown at all."""
+    from hpcsuite.runner.status import StatusRecord, reported_errors
+    from hpcsuite.runs.jobs import JobState
+    from hpcsuite.runs.results import mark_failed
+
+    mark_failed(RunDir(tmp_path).failed(0), 1, 205, "error: ORTE has lost communication",
+                node="node2")
+    mark_failed(RunDir(tmp_path).failed(1), 0, 1, "error: the ranks on node2 are gone",
+                node="node1")
+    errors = reported_errors(tmp_path)
+    assert [e["attempt"] for e in errors] == [0, 1]
+    records = [{"attempt": 0, "outcome": "failed"}, {"attempt": 1, "outcome": "failed"},
+               {"attempt": 2, "outcome": "completed"}]
+    done = JobState("7", "COMPLETED", "0:0", None, None, None)
+    text = "\n".join(StatusRecord(job_id="7", state=done, run_dir=tmp_path, records=records,
+                                  error=errors[-1], errors=errors).lines())
+    assert "  attempt 0 failed (rank 1 on node2): ORTE has lost communication" in text, text
+    assert "  attempt 1 failed (rank 0 on node1): the ranks on node2 are gone" in text, text
+    assert "error (attempt" not in text
+    failed = JobState("7", "FAILED", "1:0", None, None, None)
+    text = "\n".join(StatusRecord(job_id="7", state=failed, run_dir=tmp_path, records=records[:2],
+                                  error=errors[-1], errors=errors).lines())
+    assert "  attempt 0 failed (rank 1 on node2)" in text
+    assert "  error (attempt 1, rank 0 on node1): the ranks on node2 are gone" in text, text

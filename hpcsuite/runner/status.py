@@ -82,6 +82,7 @@ class StatusRecord(Record):
     records: list = field(default_factory=list)     # attempts.jsonl
     timeout_note: str | None = None    # a TIMEOUT: what was lost, what resumes
     error: dict | None = None          # the error its ranks reported (FAILED-attempt-N)
+    errors: list = field(default_factory=list)      # every attempt's, oldest first
     script: list = field(default_factory=list)      # script mode: what each rank's script did
 
     @classmethod
@@ -124,6 +125,7 @@ class StatusRecord(Record):
                                                      r.step_times_s, r.start_step)}
         c = attempts.counts(self.records)
         payload["error"] = self.error
+        payload["errors"] = self.errors
         tracked = summary(self.run_dir) if self.run_dir else None
         if tracked:
             payload["tracking"] = tracked
@@ -170,9 +172,12 @@ class StatusRecord(Record):
         if self.records:
             out.append(f"  attempts: {attempts.counts(self.records).in_words()}; last: "
                        f"{describe_record(self.records[-1])}")
-        if self.error:
-            e = self.error
-            out.append(f"  error (attempt {e['attempt']}, {error_rank(e)}): {error_said(e)}")
+        for e in self.errors or ([self.error] if self.error else []):
+            # A failure a later attempt ran on from (a requeue) is history, not the job's end.
+            later = self.error is not e or (s.state == "COMPLETED") or any(
+                r.get("attempt", -1) > e["attempt"] for r in self.records)
+            head = f"attempt {e['attempt']} failed" if later else f"error (attempt {e['attempt']}"
+            out.append(f"  {head}{' (' if later else ', '}{error_rank(e)}): {error_said(e)}")
         if self.timeout_note:
             out.append(f"  reached its time limit without stopping first; {self.timeout_note}")
         tracked = summary_line(self.run_dir) if self.run_dir else None
@@ -225,20 +230,28 @@ def reported_error(run_dir: Path | None) -> dict | None:
     message, node, at, hint, frames}. The message: the exception's type and message, else the
     ``error:`` line hpcsuite printed, else the last line; ``frames``: a traceback's last
     frames and its exception (None without one)."""
+    errors = reported_errors(run_dir)
+    return errors[-1] if errors else None
+
+
+def reported_errors(run_dir: Path | None) -> list[dict]:
+    """Every attempt's reported failure (:func:`reported_error`), oldest first."""
     import re
 
-    from ..runs.rundir import FAILURE_TAGS
-
     if run_dir is None:
-        return None
+        return []
     found = []
     for path in RunDir(run_dir).failed_markers():
         m = re.search(r"-attempt-(\d+)$", path.name)
         if m:
             found.append((int(m.group(1)), path))
-    if not found:
-        return None
-    attempt, path = max(found)
+    return [e for e in (_marker_error(a, p) for a, p in sorted(found)) if e is not None]
+
+
+def _marker_error(attempt: int, path: Path) -> dict | None:
+    from ..runs.rundir import FAILURE_TAGS
+    import re
+
     try:
         raw = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -338,12 +351,14 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
 
     # Read whenever it is there: a damaged job.json is named (exit 2), never passed over.
     job = load_job(str(rd.job)) if rd and rd.job.is_file() else None
+    errors = reported_errors(run_dir)
     return StatusRecord(
         job_id=job_id, state=state, entry=entry, run_dir=run_dir,
         progress=read_progress(run_dir) if run_dir else None,
         results=Results.load(rd.results) if rd and rd.results.is_file() else None,
         records=attempts.read_records(run_dir) if run_dir else [],
-        error=reported_error(run_dir), script=script_ranks.read(run_dir) if run_dir else [],
+        error=errors[-1] if errors else None, errors=errors,
+        script=script_ranks.read(run_dir) if run_dir else [],
         timeout_note=_last_checkpoint(job, run_dir) if state.state == "TIMEOUT" and job
         else None)
 
