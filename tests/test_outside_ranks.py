@@ -99,3 +99,23 @@ def test_status_shows_each_failed_attempts_cause_and_leads_with_none_after_compl
                                   error=errors[-1], errors=errors).lines())
     assert "  attempt 0 failed (rank 1 on node2)" in text
     assert "  error (attempt 1, rank 0 on node1): the ranks on node2 are gone" in text, text
+
+
+def test_lint_recognises_study_and_sweep_files(tmp_path, monkeypatch):
+    """Issue 51, point 16: `hpcsuite lint STUDY.yaml` said "base: unknown key"."""
+    monkeypatch.setenv("HPCSUITE_SITE_DIR", str(tmp_path / "site"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("HPCSUITE_PROFILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text("name: b\ntrain: {data: {samples: 256}}\n")
+    (tmp_path / "study.yaml").write_text("name: s\nbase: base.yaml\naxes: {nodes: [1, 2]}\n")
+    (tmp_path / "sweep.yaml").write_text("name: w\nbase: base.yaml\naxes: {train.lr: [0.1, 0.2]}\n")
+    runner = CliRunner()
+    for name, kind in (("study.yaml", "study"), ("sweep.yaml", "sweep")):
+        result = runner.invoke(main, ["lint", name, "--no-slurm"])
+        assert result.exit_code == 0, result.output
+        assert f"{name}: {kind} file ok; linting its base spec base.yaml" in result.output
+        assert "unknown key" not in result.output
+    (tmp_path / "bad.yaml").write_text("name: s\nbase: base.yaml\naxes: {nodez: [1, 2]}\n")
+    result = runner.invoke(main, ["lint", "bad.yaml", "--no-slurm"])
+    assert result.exit_code == 2 and "axes.nodez" in result.output, result.output

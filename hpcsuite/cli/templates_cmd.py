@@ -115,6 +115,35 @@ def validate(directory, profile_path):
     click.echo(f"ok: {len(names)} template(s) x {len(specs)} example spec(s) rendered")
 
 
+STUDY_ONLY = {"mode", "repeats", "warmup_steps"}
+SWEEP_ONLY = {"random", "max_parallel"}
+
+
+def _grid_file(path: str) -> tuple[str, str] | None:
+    """("study"|"sweep", its base spec's path) when ``path`` is a study or sweep file (its
+    own keys checked: one line naming the key when wrong); None for a job spec."""
+    from ..study.points import load_study
+    from ..submit.schema import read_yaml
+    from ..sweep.spec import load_sweep
+
+    data = read_yaml(path)
+    if not isinstance(data, dict) or "base" not in data or "axes" not in data:
+        return None
+    kinds = [("study", load_study), ("sweep", load_sweep)]
+    if SWEEP_ONLY & set(data) or not STUDY_ONLY & set(data) and all(
+            "." in str(k) for k in (data.get("axes") or {})):
+        kinds.reverse()                   # a sweep's axes are job keys: train.lr
+    first = None
+    for kind, load in kinds:
+        try:
+            grid = load(path)
+        except UserError as e:
+            first = first or e
+            continue
+        return kind, str(Path(path).parent / grid.base)
+    raise first
+
+
 @main.command()
 @click.argument("spec", type=FilePath(dir_okay=False))
 @profile_option
@@ -139,6 +168,11 @@ def lint(spec, profile_path, sets, against_slurm, build):
     from ..submit.lint import build_findings, pinned_findings
     from ..runner import check
 
+    grid = _grid_file(spec)
+    if grid is not None:      # a study's or sweep's file: checked, then its base spec is linted
+        kind, base = grid
+        click.echo(f"{spec}: {kind} file ok; linting its base spec {base}", err=True)
+        spec = base
     r = resolve(spec, profile_path, sets)
     findings = pinned_findings(profile_path) + check(r)
     if against_slurm is not False:
