@@ -169,3 +169,141 @@ def test_lmod_loads_the_lua_module_file(tmp_path):
                  MODULEPATH=str(path))
     assert done.stdout.strip() == "none"
     assert "hpcsuite module: /nowhere/bin/hpcsuite is" in " ".join(done.stderr.split())
+
+
+# ------------------------------------------------------------------ docs/admin/install.md's steps
+# The page's own lines, run here: its venv path is this venv, its /apps/modulefiles a tmp dir,
+# and its MPI modules stand-ins that set FAKE_MPI.
+
+INSTALL = REPO / "docs" / "admin" / "install.md"
+
+
+def install_block(needle: str) -> str:
+    """The one shell block of install.md that holds ``needle``."""
+    import docblocks
+
+    found = [b.text for b in docblocks.blocks([INSTALL])
+             if b.lang in ("bash", "sh") and needle in b.text]
+    assert len(found) == 1, f"{INSTALL}: {len(found)} shell blocks hold {needle!r}"
+    return found[0]
+
+
+def fake_mpis(tmp_path) -> Path:
+    """openmpi/4.1 and openmpi/5.0 for both module systems, each setting FAKE_MPI."""
+    mpi = tmp_path / "mpi" / "openmpi"
+    mpi.mkdir(parents=True)
+    for version in ("4.1", "5.0"):
+        (mpi / version).write_text(f"#%Module1.0\nsetenv FAKE_MPI {version}\n")
+        (mpi / f"{version}.lua").write_text(f'setenv("FAKE_MPI", "{version}")\n')
+    return mpi.parent
+
+
+def install_modules_as_the_page_says(tmp_path) -> tuple[Path, list[tuple[str, str]]]:
+    """MODULEPATH/hpcsuite/ made by the page's blocks (module files, .version, HPCSUITE_SITE_DIR),
+    once for each MPI its venv block names; (that MODULEPATH directory, the (MPI, module) pairs)."""
+    venv = install_block("MPI_MODULE=")
+    pairs = re.findall(r"MPI=(\S+) MPI_MODULE=(\S+)", venv.splitlines()[0])
+    assert len(pairs) == 2, venv.splitlines()[0]
+    modules = tmp_path / "modulefiles"
+    page_dir = "M=/apps/modulefiles/hpcsuite"
+    copy = install_block("SHIPPED=")
+    assert page_dir in copy
+    copy = copy.replace(page_dir, f"M={modules}/hpcsuite")
+    site_dir = [line for line in install_block("HPCSUITE_SITE_DIR").splitlines()
+                if line.startswith("sed ")]
+    assert len(site_dir) == 2, site_dir
+    for mpi, module in pairs:
+        script = (f"set -e\nMPI={mpi} MPI_MODULE={module}\nV={VENV_ROOT}\n{copy}"
+                  + install_block("/.version") + "\n".join(site_dir) + "\n")
+        done = shell(script)
+        assert done.returncode == 0, done.stderr
+    return modules, pairs
+
+
+def changed_lines(shipped: Path, installed: Path) -> list[tuple[str, str]]:
+    a, b = shipped.read_text().splitlines(), installed.read_text().splitlines()
+    assert len(a) == len(b), installed
+    return [(x, y) for x, y in zip(a, b) if x != y]
+
+
+def test_install_md_makes_a_module_per_mpi_and_its_lines_change_only_what_they_say(tmp_path):
+    modules, pairs = install_modules_as_the_page_says(tmp_path)
+    shipped = PACKAGING / "modulefiles" / "hpcsuite"
+    for mpi, module in pairs:
+        tcl = changed_lines(shipped / VERSION, modules / "hpcsuite" / f"{VERSION}-{mpi}")
+        assert [new for _, new in tcl] == [f"set root {VENV_ROOT}", f"prereq {module}",
+                                           "setenv HPCSUITE_SITE_DIR $root/etc/hpcsuite"]
+        lua = changed_lines(shipped / f"{VERSION}.lua", modules / "hpcsuite" / f"{VERSION}-{mpi}.lua")
+        assert [new for _, new in lua] == [
+            f'local root = "{VENV_ROOT}"', f'depends_on("{module}")',
+            'setenv("HPCSUITE_SITE_DIR", pathJoin(root, "etc", "hpcsuite"))']
+
+
+def test_environment_modules_loads_the_pages_default_and_each_mpis_module(tmp_path):
+    modules, pairs = install_modules_as_the_page_says(tmp_path)
+    (default, mpi_module), (other, other_module) = pairs
+    init = Path("/usr/share/modules/init/bash")
+    show = 'echo "$FAKE_MPI $HPCSUITE_SITE_DIR $_LMFILES_"; command -v hpcsuite'
+    done = shell(f"source {init}; module use {fake_mpis(tmp_path)}; module use {modules}; "
+                 f"module load hpcsuite; {show}; module purge; "
+                 f"module load hpcsuite/{VERSION}-{other}; {show}")
+    assert done.returncode == 0, done.stderr
+    hpcsuite = str(VENV_ROOT / "bin" / "hpcsuite")
+    site = VENV_ROOT / "etc" / "hpcsuite"
+    mpi_file = tmp_path / "mpi"
+    assert done.stdout.splitlines() == [
+        f"{mpi_module.split('/')[1]} {site} {mpi_file / mpi_module}:{modules}/hpcsuite/{VERSION}-{default}",
+        hpcsuite,
+        f"{other_module.split('/')[1]} {site} {mpi_file / other_module}:{modules}/hpcsuite/{VERSION}-{other}",
+        hpcsuite], done.stderr
+
+
+def test_lmod_loads_the_pages_default_and_each_mpis_module(tmp_path):
+    lmod = LMOD / "usr" / "share" / "lmod" / "lmod" / "libexec" / "lmod"
+    assert lmod.is_file(), f"no Lmod at {lmod}: scripts/setup.sh unpacks Debian's lmod there"
+    modules, pairs = install_modules_as_the_page_says(tmp_path)
+    (default, mpi_module), (other, other_module) = pairs
+    path = f"{fake_mpis(tmp_path)}:{modules}"
+    for name, mpi, module in (("hpcsuite", default, mpi_module),
+                              (f"hpcsuite/{VERSION}-{other}", other, other_module)):
+        done = shell(f'eval "$(lua5.3 {lmod} bash load {name})" && '
+                     'echo "$FAKE_MPI $HPCSUITE_SITE_DIR $_LMFILES_" && command -v hpcsuite',
+                     MODULEPATH=path)
+        assert done.returncode == 0, done.stderr
+        # the .lua files, though the Tcl ones are beside them
+        assert done.stdout.splitlines() == [
+            f"{module.split('/')[1]} {VENV_ROOT / 'etc' / 'hpcsuite'} {tmp_path / 'mpi' / module}.lua:"
+            f"{modules}/hpcsuite/{VERSION}-{mpi}.lua",
+            str(VENV_ROOT / "bin" / "hpcsuite")], done.stderr
+
+
+def test_install_md_profile_d_snippet_puts_the_modules_on_users_modulepath(tmp_path):
+    snippet = install_block("/etc/profile.d/zz-hpcsuite.sh")
+    assert "/apps/modulefiles" in snippet
+    path = site_copy(tmp_path, VERSION, VENV_ROOT, r"^(set root ).*()$")
+    (tmp_path / "zz-hpcsuite.sh").write_text(snippet.replace("/apps/modulefiles", str(path)))
+    # a login shell (sh, as /etc/profile sources it) after Environment Modules' own script
+    login = subprocess.run(["sh", "-c", f". /usr/share/modules/init/sh; . {tmp_path}/zz-hpcsuite.sh; "
+                            "module load hpcsuite && command -v hpcsuite"],
+                           capture_output=True, text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin", "HOME": os.environ["HOME"]})
+    assert login.returncode == 0, login.stderr
+    assert login.stdout.splitlines() == [str(VENV_ROOT / "bin" / "hpcsuite")]
+    # a shell with no module system: the snippet says nothing and fails nothing
+    bare = subprocess.run(["sh", "-c", f". {tmp_path}/zz-hpcsuite.sh"], capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert (bare.returncode, bare.stdout, bare.stderr) == (0, "", "")
+
+
+def test_install_md_site_profile_is_one_hpcsuite_reads(tmp_path):
+    import docblocks
+    from hpcsuite.submit.config import load_profile_layer
+
+    profiles = [b for b in docblocks.blocks([INSTALL]) if b.lang == "yaml"
+                and b.text.startswith("# /apps/hpcsuite/")]
+    assert len(profiles) == 1, [b.where for b in profiles]
+    target = tmp_path / "profile.yaml"
+    target.write_text(profiles[0].text)
+    layer = load_profile_layer("site", str(target))      # one ConfigError naming the key if not
+    venv = profiles[0].text.splitlines()[0].split()[1].removesuffix("/etc/hpcsuite/profile.yaml")
+    assert layer.profile["python"] == f"{venv}/bin/python"

@@ -1,8 +1,11 @@
-"""templates/ and models/ reach users from a normal (non-editable) wheel install."""
+"""templates/, models/ and the module files reach users from a normal (non-editable) wheel
+install."""
 
 import subprocess
 import sys
 import venv
+import zipfile
+from pathlib import Path
 
 from conftest import REPO, SBATCH
 
@@ -16,6 +19,13 @@ def test_wheel_install_renders_like_the_source_tree(tmp_path):
                     "-q", "-w", str(dist), str(REPO)], check=True, timeout=300,
                    capture_output=True)
     wheel = next(dist.glob("hpcsuite-*.whl"))
+    # the module files a site copies onto its MODULEPATH (docs/admin/install.md)
+    modulefiles = sorted((REPO / "packaging" / "modulefiles" / "hpcsuite").iterdir())
+    assert [m.name for m in modulefiles] and all(m.is_file() for m in modulefiles)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [m.name for m in modulefiles
+               if f"hpcsuite/site/modulefiles/hpcsuite/{m.name}" not in names]
+    assert not missing, f"{wheel.name} lacks the module files {missing}"
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
@@ -37,3 +47,16 @@ def test_wheel_install_renders_like_the_source_tree(tmp_path):
     module = subprocess.run([str(py), "-m", "hpcsuite", "--version"], cwd=work,
                             capture_output=True, text=True, timeout=60)
     assert module.stdout.startswith("hpcsuite, version")
+    # install.md's line that finds them in the venv
+    import docblocks
+
+    page = REPO / "docs" / "admin" / "install.md"
+    line = next(line for b in docblocks.blocks([page]) for line in b.text.splitlines()
+                if line.startswith("SHIPPED="))
+    found = subprocess.run(["bash", "-c", f'V={env_dir}; {line}; echo "$SHIPPED"'], cwd=work,
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    shipped = Path(found.stdout.strip())
+    assert shipped.is_relative_to(env_dir), shipped
+    assert [(m.name, m.read_bytes()) for m in modulefiles] == \
+        [(m.name, (shipped / m.name).read_bytes()) for m in modulefiles]

@@ -158,7 +158,7 @@ def prepare_request(spec: str, profile_path: str | None, template_dir: str | Non
         raise
     echo_warnings(spec, prepared.warnings)
     for note in prepared.notes:
-        click.echo(f"note: {spec}: after: {note}", err=True)
+        click.echo(f"note: {spec}: {note}", err=True)
     note_no_site(prepared.site_profile, spec)   # once, beside a success: an error stays one line
     return prepared.request
 

@@ -31,7 +31,9 @@ class Prepared(Record):
     request: BatchRequest
     warnings: list = field(default_factory=list)
     site_profile: bool = True
-    notes: list = field(default_factory=list)       # e.g. a dependency already satisfied
+    # each "KEY: what to know", e.g. "after: job 5 already completed ...": a dependency
+    # already satisfied, the site's python running the ranks instead of this one
+    notes: list = field(default_factory=list)
 
 
 def check(resolved, base: Path | None = None, against_slurm: bool = False) -> list[Finding]:
@@ -94,8 +96,35 @@ def prepare(spec: str, profile_path: str | None = None, template_dir: str | None
     request = dataclasses.replace(request, spec=str(Path(spec).resolve()),
                                   **({"workdir": str(Path(cwd).absolute())} if cwd is not None
                                      else {}))
-    return Prepared(request=request, warnings=warnings, notes=notes,
+    return Prepared(request=request, warnings=warnings, notes=notes + python_notes(job, r.profile),
                     site_profile=any(layer.name == "site" for layer in r.layers))
+
+
+def python_notes(job, profile) -> list[str]:
+    """Said when the profile's ``python`` (an absolute path) runs the ranks and hpcsuite runs
+    under another interpreter: what a user installed in a venv of their own is then not the
+    job's. A command name is looked up on the job's PATH, so it is not judged here; a job in
+    a container runs the image's Python."""
+    import os
+    import sys
+
+    python = profile.python
+    if not python or not os.path.isabs(python) or job.container.image is not None:
+        return []
+    if same_interpreter(python, sys.executable):
+        return []
+    return [f"python: the ranks run the site profile's python ({python}), not the one hpcsuite "
+            f"runs under ({sys.executable}): packages installed only there are not the job's"]
+
+
+def same_interpreter(a: str, b: str) -> bool:
+    """Whether two interpreter paths are one environment's: the same file, reached from the same
+    directory (a venv's bin/python is a link to the base interpreter, so its target alone would
+    make every venv of one Python the same)."""
+    import os
+
+    return (os.path.realpath(os.path.dirname(a)) == os.path.realpath(os.path.dirname(b))
+            and os.path.realpath(a) == os.path.realpath(b))
 
 
 def anchored(job, workdir: Path):
@@ -125,7 +154,8 @@ def with_dependencies(job, extra: tuple[str, ...], spec: str, workdir: Path, ask
             raise UserError(f"--after: {entry[:80]!r} is not valid: {AFTER_HELP}")
     pending, notes = after.job_ids_to_wait_for(job.after, workdir, ask_slurm, source=f"{spec}: after")
     more, more_notes = after.job_ids_to_wait_for(list(extra), workdir, ask_slurm, source="--after")
-    return dataclasses.replace(job, after=list(dict.fromkeys(pending + more))), notes + more_notes
+    return (dataclasses.replace(job, after=list(dict.fromkeys(pending + more))),
+            [f"after: {note}" for note in notes + more_notes])
 
 
 def validate_templates(path, names: list[str], specs: list[Path],
