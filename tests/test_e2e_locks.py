@@ -159,9 +159,12 @@ def test_a_project_template_cannot_move_a_locked_job(locked_site, smuggle):
 
 def test_without_the_lock_sbatch_obeys_the_template(locked_site):
     """The control: the same template on a site that locks nothing moves the job, so the
-    refusal above is what kept it in place."""
+    refusal above is what kept it in place. (The job asks for a partition, the site's default:
+    a user's template may change what the job asks for where nothing is locked, never add an
+    option it does not ask for.)"""
     env, site, work, spec = locked_site
-    (site / "profile.yaml").write_text("partitions: {debug: {cpus_per_node: 1}, other: {cpus_per_node: 1}}\n")
+    (site / "profile.yaml").write_text("partitions: {debug: {cpus_per_node: 1}, other: {cpus_per_node: 1}}\n"
+                                       "defaults: {resources: {partition: debug}}\n")
     (work / ".hpcsuite" / "templates" / "horovod.sbatch.j2").write_text(
         '{% extends "builtin/horovod.sbatch.j2" %}\n{% block sbatch %}{{ super() }}'
         "#SBATCH -J x -pother\n{% endblock %}\n")
