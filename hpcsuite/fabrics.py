@@ -137,14 +137,18 @@ def from_profile(value) -> Fabric | None:
 PREFLIGHT_SHARE = 0.8
 
 
-def preflight_bar_GBps(value) -> float | None:
-    """The busbw (GB/s) a node pair must reach under ``min_busbw_gbps: site``, from the site
-    profile's ``fabric`` (a preset name, the validated record, or its JSON in profile.json);
-    None when the site names none."""
+def site_busbw_GBps(value) -> float | None:
+    """The site's bus bandwidth (GB/s) from the site profile's ``fabric`` (a preset name, the
+    validated record, or its JSON in profile.json); None when the site names none."""
     if value is None:
         return None
     if isinstance(value, str):
-        bandwidth = preset(value).bandwidth_GBps
-    else:
-        bandwidth = value["bandwidth"] if isinstance(value, dict) else value.bandwidth
-    return round(float(bandwidth) * PREFLIGHT_SHARE, 6)
+        return preset(value).bandwidth_GBps
+    return float(value["bandwidth"] if isinstance(value, dict) else value.bandwidth)
+
+
+def preflight_bar_GBps(value) -> float | None:
+    """The busbw (GB/s) a node pair must reach under ``min_busbw_gbps: site`` (None when the
+    site names no fabric)."""
+    bandwidth = site_busbw_GBps(value)
+    return None if bandwidth is None else round(bandwidth * PREFLIGHT_SHARE, 6)

@@ -28,22 +28,14 @@ def busbw_GBps(gradient_bytes: int, world: int, seconds: float) -> float | None:
 def site_busbw_GBps(run_dir: Path | None) -> float | None:
     """The site's bus bandwidth from the profile the job was submitted under (profile.json's
     fabric: a preset name or its record); None when it names none."""
-    from ..fabrics import from_profile, preset
+    from ..fabrics import site_busbw_GBps as from_fabric
     from .rundir import RunDir
 
     if run_dir is None:
         return None
     try:
-        fabric = json.loads(RunDir(run_dir).profile.read_text()).get("fabric")
-    except (OSError, ValueError, AttributeError):
-        return None
-    try:
-        if isinstance(fabric, str):
-            return preset(fabric).bandwidth_GBps
-        if isinstance(fabric, dict) and fabric.get("bandwidth") is not None:
-            return float(fabric["bandwidth"])
-        return from_profile(fabric).inter.bandwidth_GBps if fabric else None
-    except (ValueError, TypeError, AttributeError, KeyError):
+        return from_fabric(json.loads(RunDir(run_dir).profile.read_text()).get("fabric"))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
         return None
 
 
