@@ -30,7 +30,7 @@ from ..world import current
 from .attempt_words import slurm_stop_line, unsaved_line
 from .checkpoint_dir import newest_checkpoint
 from .ownership import claim, release
-from .rundir import RunDir, failure_exit
+from .rundir import RunDir, failure_exit, failure_text
 # the run directory's names, for modules that take them from here (hpcsuite.runs.rundir owns them)
 from .rundir import ATTEMPTS as RECORDS, PREEMPTED as PREEMPTED_MARKER  # noqa: F401
 
@@ -212,7 +212,7 @@ def begin_failed(run_dir: Path, e: Exception) -> str:
     marker = RunDir(run_dir).failed(attempt_number())
     try:
         if not marker.exists():
-            marker.write_text(f"exit 2\nnode: {current().node}\nerror: {said}\n")
+            marker.write_text(failure_text(None, 2, f"error: {said}", node=current().node))
     except OSError:
         pass                              # the log still says it
     return said
@@ -280,15 +280,13 @@ def end(run_dir: Path, job, status: int, out=print) -> int:
     if decision.requeue:
         marker.unlink(missing_ok=True)
         out(f"hpcsuite: {decision.why}; requeueing job {job_id}")
-        # Slurm's requeue TERMs this process too: the record of what Slurm answered comes first.
-        held = _hold_term()
+        # Slurm's requeue TERMs this process too, which `attempt end` ignores (cli/job_cmd.py):
+        # the record of what Slurm answered still comes.
         requeued = _requeue(job_id, out)
     _append(run_dir, {"attempt": n, "outcome": outcome, "exit": status, "step": step,
                       "host": current().node, "requeued": requeued, **decision.extra})
     if requeued:
         return status
-    if decision.requeue:
-        _release_term(held)
     if job.train.checkpoint.enabled:
         release(checkpoint_root(job, run_dir), job_id)
     return status
@@ -366,24 +364,6 @@ def decide(e: Ending) -> Decision:
                         f"{e.failures} failed attempts, more than train.preemption.max_failures "
                         f"({e.max_failures})")
     return Decision(requeue, why, tuple(said), extra)
-
-
-def _hold_term():
-    """Ignore SIGTERM until :func:`_release_term` (the previous handler; None off the main
-    thread, where it cannot be set)."""
-    import signal
-
-    try:
-        return signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:
-        return None
-
-
-def _release_term(previous) -> None:
-    import signal
-
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _requeue(job_id: str, out) -> bool:

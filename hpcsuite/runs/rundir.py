@@ -137,13 +137,14 @@ def failed_name(attempt: int | str) -> str:
 FAILURE_TAGS = ("node", "raised", "at", "hint")   # a marker's optional lines, in this order
 
 
-def failure_text(rank: int, code: int, text: str, **tags: str | None) -> str:
+def failure_text(rank: int | None, code: int, text: str, **tags: str | None) -> str:
     """A FAILED-attempt-N marker's text: the first rank that failed, the status it exits with,
     the optional ``FAILURE_TAGS`` (its node; for an exception, its type and message on one
     line, the user's file:line it came from, a hint for a known one) as ``TAG: value`` lines,
     then what it said (``error: ...`` lines or a traceback)."""
     said = [f"{tag}: {tags[tag]}" for tag in FAILURE_TAGS if tags.get(tag)]
-    return "\n".join([f"rank {rank}", f"exit {code}", *said, text]) + "\n"
+    who = [f"rank {rank}"] if rank is not None else []     # None: the batch script's own step
+    return "\n".join([*who, f"exit {code}", *said, text]) + "\n"
 
 
 def failure_exit(path: Path) -> int | None:
@@ -152,7 +153,7 @@ def failure_exit(path: Path) -> int | None:
         lines = path.read_text(errors="replace").splitlines()[:2]
     except OSError:
         return None
-    words = lines[1].split() if len(lines) > 1 else []
+    words = next((w for w in map(str.split, lines) if w[:1] == ["exit"]), [])
     return int(words[1]) if len(words) == 2 and words[0] == "exit" and words[1].isdigit() \
         else None
 
