@@ -68,7 +68,8 @@ def module_problems(profile: SiteProfile, timeout: float = 60) -> list[tuple[str
     module_paths directory or a module the module system cannot find (``module is-avail``,
     which Environment Modules 4+ and Lmod 7+ have). Nothing without modules."""
     import shlex
-    import subprocess
+
+    from .horovod_mpi import ask
 
     if not (profile.modules or profile.module_paths):
         return []
@@ -79,14 +80,12 @@ def module_problems(profile: SiteProfile, timeout: float = 60) -> list[tuple[str
                for d in profile.module_paths]
     script += [f"module is-avail {shlex.quote(m)} >/dev/null 2>&1 || "
                f"echo HPCSUITE_MISSING {shlex.quote(m)}" for m in profile.modules]
-    try:
-        done = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, text=True,
-                              timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return [("module_init", f"could not be tried here: {e}")]
-    said = done.stdout.splitlines()
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    code, out = ask(["bash", "-c", "\n".join(script)], timeout=timeout)
+    said = out.splitlines()
+    if code in (124, 127):          # bash missing or timed out: nothing was tried
+        return [("module_init", f"could not be tried here: {out[:200]}")]
+    if code != 0:
+        last = (said or [f"exit {code}"])[-1]
         return [("module_init", f"{profile.module_init!r} fails here ({last[:200]}): every job "
                                 "that loads modules would fail at once")]
     if "HPCSUITE_NO_MODULE" in said:
