@@ -128,15 +128,22 @@ def test_a_project_template_adds_no_option_the_job_did_not_ask_for(locked_site, 
     """Issue 51, point 2: refused at submit, before sbatch (`--chdir=/tmp` gave a job "killed
     by signal 53"); nothing queued, no run directory."""
     env, site, work, spec = locked_site
+    stderr = refused_submit(env, work, spec, smuggle)
+    assert f"horovod.sbatch.j2 (rendered):" in stderr and said in stderr, stderr
+
+
+def refused_submit(env, work, spec, smuggle: str) -> str:
+    """Submit with a project template that adds ``smuggle`` to the header: exit 2 with one
+    line, nothing queued, no run directory; that line."""
     (work / ".hpcsuite" / "templates" / "horovod.sbatch.j2").write_text(
         '{% extends "builtin/horovod.sbatch.j2" %}\n{% block sbatch %}{{ super() }}'
         + smuggle + "\n{% endblock %}\n")
     before = jobs_in_queue(env)
     proc = run_cli("submit", str(spec), cwd=work, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"horovod.sbatch.j2 (rendered):" in proc.stderr and said in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert jobs_in_queue(env) == before and not (work / "runs").exists()
+    return proc.stderr
 
 
 @pytest.mark.parametrize("smuggle", [
@@ -146,15 +153,8 @@ def test_a_project_template_adds_no_option_the_job_did_not_ask_for(locked_site, 
 ])
 def test_a_project_template_cannot_move_a_locked_job(locked_site, smuggle):
     env, site, work, spec = locked_site
-    (work / ".hpcsuite" / "templates" / "horovod.sbatch.j2").write_text(
-        '{% extends "builtin/horovod.sbatch.j2" %}\n{% block sbatch %}{{ super() }}'
-        + smuggle + "\n{% endblock %}\n")
-    before = jobs_in_queue(env)
-    proc = run_cli("submit", str(spec), cwd=work, env=env)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "#SBATCH --partition must be 'debug' (the site locks resources.partition)" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert jobs_in_queue(env) == before and not (work / "runs").exists()
+    assert "#SBATCH --partition must be 'debug' (the site locks resources.partition)" in \
+        refused_submit(env, work, spec, smuggle)
 
 
 def test_without_the_lock_sbatch_obeys_the_template(locked_site):
