@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..world import current
 from .attempt_words import slurm_stop_line, unsaved_line
+from . import leftovers
 from .checkpoint_dir import newest_checkpoint
 from .ownership import claim, release
 from .rundir import RunDir, failure_exit, failure_text
@@ -175,6 +176,8 @@ def begin(run_dir: Path, job, out=print) -> int:
             f"train.preemption.max_failures ({budget}); {c.in_words()}")
         _append(run_dir, {"attempt": n, "outcome": "not_started",
                           "why": f"failure budget spent ({c.failed} > {budget})"})
+        return 1
+    if n and not leftovers.clear_to_launch(run_dir, n, records, out, FAILURES, _append, _requeue):
         return 1
     if job.train.checkpoint.enabled:
         claim(checkpoint_root(job, run_dir), current().job_id or "", run_dir)
