@@ -13,6 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SBATCH = REPO / "sbatch"
 TEST_PORT = int(os.environ.get("HPCSUITE_TEST_PORT", "16917"))
+# Jobs several tests assert on, each run once per session (docs/contributing/test-tiers.md).
+pytest_plugins = ["shared_observe", "shared_preempt"]
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120,
@@ -75,7 +77,7 @@ def follow_job(env: dict, job_id: str, cwd: Path, cluster=None, timeout: float =
                            capture_output=True)
         if state["state"] in ENDED:
             return state
-        time.sleep(0.5)
+        time.sleep(1.5)   # each `status` is a Python start and Slurm's calls: CPU the job needs
     raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
 
 
@@ -136,6 +138,45 @@ def local_cluster(tmp_path_factory):
         assert not any(cluster.states().values()), "a cluster daemon survived `down`"
 
 
+@pytest.fixture(scope="session")
+def wide_cluster():
+    """One running cluster of 2 nodes x 2 cores (declared as 2 GPUs a node), with accounting, in a
+    directory every account can reach, started the first time a test asks for it: for the tests
+    that need two ranks a node, GPUs, the test account or another MPI (test_e2e_gpu, _mpis,
+    _nonroot, _install). Each module's own fixture cancels what its tests left queued
+    (:func:`cancel_all`). The fabric cluster stays its own (namespaces; its last test takes
+    it down)."""
+    import shutil
+    import tempfile
+
+    from hpcsuite.site.cluster import LocalCluster
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two ranks a node need 2 cores here")
+    if os.geteuid() != 0:
+        pytest.skip("the local cluster runs as root")
+    root = Path(tempfile.mkdtemp(prefix="hpcsuite-wide-cluster-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    cluster = LocalCluster(root, port=TEST_PORT + 40, gpus=2)
+    try:
+        cluster.up(timeout=120)
+        yield cluster
+    finally:
+        cluster.down()
+        assert not any(cluster.states().values()), "a cluster daemon survived `down`"
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cancel_all(cluster) -> None:
+    """Cancel every job on ``cluster`` (a module's teardown on the shared wide cluster: what a
+    failed test left queued must not hold the next module's jobs)."""
+    env = dict(os.environ, **cluster.client_env())
+    ids = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True,
+                         timeout=30).stdout.split()
+    if ids:
+        subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=30)
+
+
 SLURM_22_05 = Path(__file__).parent / "data" / "slurm" / "22.05.8"
 
 
@@ -188,3 +229,26 @@ def as_account(fn):
     answer = json.loads(data)
     assert "error" not in answer, f"as {TEST_ACCOUNT}: {answer.get('error')}"
     return answer["result"]
+
+
+# ------------------------------------------------------------------ tiers (tests/tiers.py)
+def pytest_configure(config):
+    for name, what in (("fast", "in make test-fast: one end-to-end job per main user path"),
+                       ("full", "only in make test-full: a repeat along one axis "
+                                "(tests/tiers.py says which test keeps it in CI)")):
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+@pytest.hookimpl(tryfirst=True)      # before -m selects on the markers
+def pytest_collection_modifyitems(config, items):
+    from tiers import stale, tier_of
+
+    for item in items:
+        for mark in tier_of(item.nodeid):
+            item.add_marker(getattr(pytest.mark, mark))
+    if not all(Path(a).is_dir() for a in config.args):
+        return                  # a file or a test asked for by name: its entries may be absent
+    unknown = stale([item.nodeid for item in items])
+    if unknown:
+        raise pytest.UsageError(f"tests/tiers.py names {len(unknown)} test(s) no file has: "
+                                + "; ".join(unknown))

@@ -9,10 +9,19 @@ from conftest import SBATCH, run_cli, submit_spec
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def test_quickstart_trains_on_two_ranks(local_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def quickstart(local_cluster, tmp_path_factory):
+    """The quickstart, submitted with --wait: (env, its directory, the CompletedProcess). Read
+    by the quickstart test and by status and logs of a finished job."""
     cluster, env = local_cluster
+    work = tmp_path_factory.mktemp("quickstart")
     proc = run_cli("submit", str(SBATCH / "quickstart.yaml"), "--wait", "--timeout", "600",
-                   cwd=tmp_path, env=env, timeout=700)
+                   cwd=work, env=env, timeout=700)
+    return env, work, proc
+
+
+def test_quickstart_trains_on_two_ranks(quickstart):
+    env, tmp_path, proc = quickstart
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     run_dirs = list((tmp_path / "runs" / "quickstart").iterdir())
     run_dir = next(d for d in run_dirs if d.is_dir())
@@ -55,14 +64,16 @@ def test_failing_job_exits_nonzero_with_log_tail(local_cluster, tmp_path):
     assert "last lines of" in proc.stderr
 
 
-def test_status_and_logs_of_finished_job(local_cluster, tmp_path):
-    cluster, env = local_cluster
-    job_id = submit_spec(env, tmp_path, "name: tiny\nresources: {nodes: 1}\n"
-                         "train: {data: {samples: 256}, max_steps: 2}\n")["job_id"]
-    status = run_cli("status", job_id, "--json", env=env, check=True)
+def test_status_and_logs_of_finished_job(quickstart):
+    """On the quickstart's job (issue 52: a job of its own only fed these two commands)."""
+    env, work, proc = quickstart
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = next(d.name for d in (work / "runs" / "quickstart").iterdir() if d.is_dir()
+                  and d.name.isdigit())
+    status = run_cli("status", job_id, "--json", env=env, check=True)     # by id, from anywhere
     assert json.loads(status.stdout)["state"] == "COMPLETED"
     logs = run_cli("logs", job_id, env=env, check=True)
-    assert "hpcsuite train: completed at step 2; wrote" in logs.stdout
+    assert "hpcsuite train: completed at step 192; wrote" in logs.stdout
 
 
 def test_srun_pmix_across_two_virtual_nodes(local_cluster, tmp_path):

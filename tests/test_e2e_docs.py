@@ -76,39 +76,13 @@ def test_the_quickstarts_lines_that_submit_nothing_run_as_written(local_cluster)
         assert not re.search(r"^(error|warning):", proc.stderr, re.MULTILINE), proc.stderr
 
 
-def test_the_preemption_pages_block_preempts_a_job_by_hand(local_cluster, tmp_path):
-    """docs/user/preemption.md's lines, as written, job 42 being the id submit printed: the
-    warning signal stops the job at a checkpoint, it requeues and completes, and `status`
-    says so."""
-    import shutil
-    import subprocess
-    import time
-
-    from conftest import follow_job
-    from hpcsuite.runs.rundir import RunDir
-
-    cluster, env = local_cluster
-    env = {**env, **cluster.client_env()}
-    (tmp_path / "sbatch").mkdir()                 # the repository's example, run from a copy
-    shutil.copy(REPO / "sbatch" / "preemptible.yaml", tmp_path / "sbatch")
-    lines = docblocks.commands(_block("preemption.md", "bash"))
-    assert [argv[:2] for argv in lines] == [["hpcsuite", "submit"], ["scancel", "--signal=USR1"],
-                                            ["hpcsuite", "status"], ["hpcsuite", "logs"]], lines
-    submitted = run_cli(*lines[0][1:], cwd=tmp_path, env=env, check=True)
-    job_id = submitted.stdout.strip().splitlines()[-1]
-    assert job_id.isdigit(), submitted.stdout
-    progress = RunDir(tmp_path / "runs" / "preemptible" / job_id).progress
-    deadline = time.monotonic() + 180
-    while not (progress.is_file() and json.loads(progress.read_text()).get("step", 0) >= 20):
-        assert time.monotonic() < deadline, "the job never reached step 20"
-        time.sleep(0.3)
-    scancel = [job_id if w == "42" else w for w in lines[1]]
-    subprocess.run(scancel, env=env, check=True)
-    state = follow_job(env, job_id, tmp_path, cluster, timeout=600)
-    assert state["state"] == "COMPLETED", state
-    status = run_cli(*[job_id if w == "42" else w for w in lines[2][1:]], cwd=tmp_path, env=env,
-                     check=True).stdout
+def test_the_preemption_pages_block_preempts_a_job_by_hand(preempted_job):
+    """docs/user/preemption.md's lines, as written, job 42 being the id submit printed
+    (shared_preempt.preempted_job runs the submit and the scancel): the warning signal stops
+    the job at a checkpoint, it requeues and completes, and `status` says so."""
+    job = preempted_job
+    assert job.state["state"] == "COMPLETED", job.state
+    status = run_cli(*job.lines[2][1:], cwd=job.work, env=job.env, check=True).stdout
     assert "preempted" in status, status
-    logs = run_cli(*[job_id if w == "42" else w for w in lines[3][1:]], cwd=tmp_path, env=env,
-                   check=True).stdout
+    logs = run_cli(*job.lines[3][1:], cwd=job.work, env=job.env, check=True).stdout
     assert logs.strip(), logs

@@ -28,19 +28,12 @@ Path(os.environ["HPCSUITE_RUN_DIR"], f"seen-{rank}.json").write_text(json.dumps(
 
 
 @pytest.fixture(scope="module")
-def gpu_cluster(tmp_path_factory):
-    from hpcsuite.site.cluster import LocalCluster
+def gpu_cluster(wide_cluster):
+    """The session's wide cluster (2 GPUs a node) and its profile."""
+    from conftest import cancel_all
 
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("a node with 2 GPUs needs 2 cores here (one rank per GPU)")
-    root = tmp_path_factory.mktemp("gpu-cluster")
-    cluster = LocalCluster(root, port=TEST_PORT + 40, accounting=False, gpus=2)
-    try:
-        cluster.up(timeout=90)
-        yield cluster, dict(os.environ, SLURM_CONF=str(cluster.conf),
-                            HPCSUITE_PROFILE=str(cluster.profile))
-    finally:
-        cluster.down()
+    yield wide_cluster, dict(os.environ, **wide_cluster.client_env())   # and its profile
+    cancel_all(wide_cluster)
 
 
 def submit(env, work, spec, *args):

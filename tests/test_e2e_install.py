@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SBATCH, TEST_PORT
+from conftest import REPO, SBATCH
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -67,20 +67,15 @@ def shared_tmp():
 
 @pytest.fixture(scope="module")
 def installed(shared_tmp):
-    """The account's install: (home, prefix, venv); it is run twice and the second, warm run
-    must be quick (its seconds are printed with the first's)."""
+    """The account's install: (home, prefix, venv). `make setup-account` (before the tests in
+    `make test`) has done the slow part, cached by key; this run must then be the warm one: quick,
+    Horovod taken from the cache. Run cold (pytest alone on a fresh machine), it runs a second
+    time to check that (its seconds are printed with the first's)."""
     if os.geteuid() != 0:
         pytest.skip("making the test account and running as it needs root")
     subprocess.run(["bash", str(REPO / "scripts" / "test_account.sh")], check=True, timeout=120)
     home = Path(pwd.getpwnam(USER).pw_dir)
-    dist = shared_tmp / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(dist), str(REPO)], check=True, timeout=300, capture_output=True)
-    wheel = next(dist.glob("hpcsuite-*.whl"))
-    script = shared_tmp / "install_as_user.sh"
-    shutil.copy(REPO / "tests" / "install_as_user.sh", script)
-    for p in (dist, wheel, script):
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    script, wheel = account_install_files(shared_tmp)
     prefix = home / "hpcsuite-install"
     seconds = []
     for _ in range(2):
@@ -88,12 +83,45 @@ def installed(shared_tmp):
         done = as_user(f"bash {script} {wheel} {prefix}", user_env(home), timeout=1800)
         seconds.append(time.monotonic() - started)
         assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    print(f"\n[install as {USER}] first run {seconds[0]:.1f} s, second (warm) {seconds[1]:.1f} s")
+        if "is installed for this key" in done.stderr and "making " not in done.stderr:
+            break                                   # warm: nothing built, nothing made
+    print(f"\n[install as {USER}] " + ", then ".join(f"{s:.1f} s" for s in seconds))
     venv = Path(done.stdout.strip().splitlines()[-1])
     assert venv == prefix / "venv"
     assert "is installed for this key" in done.stderr, done.stderr
-    assert seconds[1] < 90, f"the warm install took {seconds[1]:.0f} s"
+    assert seconds[-1] < 90, f"the warm install took {seconds[-1]:.0f} s"
     return home, prefix, venv
+
+
+def account_install_files(where: Path) -> tuple[Path, Path]:
+    """The wheel of this checkout and tests/install_as_user.sh, in ``where`` (readable by every
+    account): (script, wheel)."""
+    dist = where / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(dist), str(REPO)], check=True, timeout=300, capture_output=True)
+    wheel = next(dist.glob("hpcsuite-*.whl"))
+    script = where / "install_as_user.sh"
+    shutil.copy(REPO / "tests" / "install_as_user.sh", script)
+    for p in (where, dist, wheel, script):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return script, wheel
+
+
+def main() -> int:
+    """`make setup-account`: the account, and its install cached by key (the minutes a fresh
+    key costs spent before the tests, not inside them)."""
+    subprocess.run(["bash", str(REPO / "scripts" / "test_account.sh")], check=True, timeout=120)
+    home = Path(pwd.getpwnam(USER).pw_dir)
+    with tempfile.TemporaryDirectory(prefix="hpcsuite-account-", dir="/tmp") as d:
+        script, wheel = account_install_files(Path(d))
+        done = as_user(f"bash {script} {wheel} {home / 'hpcsuite-install'}", user_env(home),
+                       timeout=3600)
+    sys.stderr.write(done.stderr[-4000:])
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 
 
 MODULE = f"source {MODULES_INIT}; module use {{prefix}}/modulefiles; module load openmpi/{MPI_VERSION}; "
@@ -132,19 +160,13 @@ def test_the_account_installs_from_the_wheel_and_builds_horovod_against_the_modu
 
 
 @pytest.fixture(scope="module")
-def user_cluster(shared_tmp):
-    """A local cluster under a directory every account can reach (the cluster opens its
+def user_cluster(wide_cluster):
+    """The session's wide cluster: its directory every account can reach (the cluster opens its
     config and munge socket to all accounts itself)."""
-    from hpcsuite.site.cluster import LocalCluster
+    from conftest import cancel_all
 
-    root = shared_tmp / "cluster"
-    root.mkdir()
-    cluster = LocalCluster(root, port=TEST_PORT + 60, accounting=False)
-    try:
-        cluster.up(timeout=90)
-        yield cluster
-    finally:
-        cluster.down()
+    yield wide_cluster
+    cancel_all(wide_cluster)
 
 
 PROFILE = """name: install-e2e

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from shared_observe import OBSERVED_EPOCHS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -46,10 +47,19 @@ def follow(env, work: Path, spec_text: str) -> tuple[Path, dict, list[dict]]:
     return run_dir, results, [seen[k] for k in sorted(seen)]
 
 
-@pytest.mark.parametrize("backend,epochs", [("torch", 120), ("tensorflow", 40)])
-def test_live_loss_is_the_global_mean_of_its_step(local_cluster, tmp_path, backend, epochs):
+@pytest.mark.parametrize("backend,epochs", [("torch", OBSERVED_EPOCHS), ("tensorflow", 40)])
+def test_live_loss_is_the_global_mean_of_its_step(request, local_cluster, tmp_path, backend,
+                                                  epochs):
+    """torch: the shared observability job (tests/shared_observe.py), the same 8 steps an epoch
+    with a tenth of its samples held out; tensorflow: a job of its own."""
     _cluster, env = local_cluster
-    run_dir, results, seen = follow(env, tmp_path, SPEC.format(backend=backend, epochs=epochs))
+    if backend == "torch":
+        job = request.getfixturevalue("observed_job")
+        name, run_dir, seen = job.name, job.run_dir, list(job.seen)
+        results = json.loads((run_dir / "results.json").read_text())
+    else:
+        name = f"live-{backend}"
+        run_dir, results, seen = follow(env, tmp_path, SPEC.format(backend=backend, epochs=epochs))
     assert results["status"] == "completed" and results["world_size"] == 2
     loss = results["loss"]
     assert len(loss) == results["final_step"] == 8 * epochs
@@ -70,11 +80,11 @@ def test_live_loss_is_the_global_mean_of_its_step(local_cluster, tmp_path, backe
         if shown["state"] == "COMPLETED" or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert shown["name"] == f"live-{backend}" and shown["run_dir"] == str(run_dir)
+    assert shown["name"] == name and shown["run_dir"] == str(run_dir)
     assert shown["progress"]["loss"] == pytest.approx(loss[-1], rel=1e-6)
     assert "None" not in json.dumps(shown)
     text = run_cli("status", results["job_id"], cwd=elsewhere, env=env, check=True).stdout
-    assert text.startswith(f"job {results['job_id']} (live-{backend}): COMPLETED")
+    assert text.startswith(f"job {results['job_id']} ({name}): COMPLETED")
     assert f"loss {loss[-1]:.4f}" in text
 
 

@@ -66,22 +66,15 @@ def test_the_mpi_lives_in_a_prefix_under_the_cache_not_in_the_checkout(name, pac
 
 
 @pytest.fixture(scope="module")
-def mpi_cluster(tmp_path_factory):
-    """The local cluster with two cores per node (`cluster up --gpus 2`): a 2x2 job fits."""
-    from hpcsuite.site.cluster import LocalCluster
+def mpi_cluster(wide_cluster, tmp_path_factory):
+    """The session's wide cluster, two cores a node: a 2x2 job fits."""
+    from conftest import cancel_all
 
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("two ranks per node need 2 cores here")
-    root = tmp_path_factory.mktemp("mpis-cluster")
-    cluster = LocalCluster(root, port=TEST_PORT + 52, accounting=False, gpus=2)
-    try:
-        cluster.up(timeout=90)
-        env = {k: v for k, v in os.environ.items() if k != "HPCSUITE_PROFILE"}
-        env.update(SLURM_CONF=str(cluster.conf), HPCSUITE_CLUSTER_DIR=str(root),
-                   XDG_CONFIG_HOME=str(root / "xdg"))
-        yield cluster, env
-    finally:
-        cluster.down()
+    env = {k: v for k, v in os.environ.items() if k != "HPCSUITE_PROFILE"}
+    env.update(SLURM_CONF=str(wide_cluster.conf), HPCSUITE_CLUSTER_DIR=str(wide_cluster.root),
+               XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("mpis-xdg")))
+    yield wide_cluster, env
+    cancel_all(wide_cluster)
 
 
 def site_env(env: dict, site: Path) -> dict:

@@ -27,14 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TEST_PORT, run_cli
+from conftest import REPO, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 USER = "hpcuser"
-# A cluster of its own (its directory must be reachable by the account, which pytest's
-# temporary directories under /tmp/pytest-of-root are not), beside the session's cluster.
-PORT = TEST_PORT + 20
 
 # A data factory that says, from inside each rank, who the rank runs as.
 WHO = '''\
@@ -77,19 +74,13 @@ def account():
 
 
 @pytest.fixture(scope="module")
-def cluster(account):
-    from hpcsuite.site.cluster import LocalCluster
+def cluster(account, wide_cluster):
+    """The session's wide cluster: two cores a node (declared as GPUs), so a job of root's and
+    one of the user's share a node; its directory is reachable by the account."""
+    from conftest import cancel_all
 
-    root = Path(tempfile.mkdtemp(prefix="hpcsuite-nonroot-cluster-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    # Two cores a node (declared as GPUs): a job of root's and one of the user's share a node.
-    c = LocalCluster(root, port=PORT, gpus=2)
-    try:
-        c.up(timeout=120)
-        yield c
-    finally:
-        c.down()
-        shutil.rmtree(root, ignore_errors=True)
+    yield wide_cluster
+    cancel_all(wide_cluster)
 
 
 class Account:

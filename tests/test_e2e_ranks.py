@@ -11,28 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_PORT, run_cli, submit_spec
+from conftest import run_cli, submit_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 LINE = re.compile(r"rank 0 hpcsuite\.runtime\.session\.loop: step (\d+), epoch \d+, loss ([0-9.]+)")
 
-LOSS_SPEC = """name: loss-mean
-resources: {nodes: 2, tasks_per_node: 1}
-train:
-  data: {samples: 512, shape: [8], classes: 4}
-  batch_size: 16
-  max_steps: 20
-"""
-
-
-def test_rank_0s_log_line_is_the_global_mean_loss(local_cluster, tmp_path):
+def test_rank_0s_log_line_is_the_global_mean_loss(observed_job, local_cluster):
+    """On the shared observability job (tests/shared_observe.py): 2 ranks, each its own share of
+    every step's samples."""
     _, env = local_cluster
-    out = submit_spec(env, tmp_path, LOSS_SPEC)
-    run_dir = tmp_path / out["run_dir"]
+    run_dir = observed_job.run_dir
     results = json.loads((run_dir / "results.json").read_text())
     assert results["world_size"] == 2
-    logs = run_cli("logs", str(run_dir), "--rank", "0", cwd=tmp_path, env=env)
+    logs = run_cli("logs", str(run_dir), "--rank", "0", cwd=observed_job.work, env=env)
     assert logs.returncode == 0, logs.stdout + logs.stderr
     for text in ((run_dir / "logs" / "rank-0.log").read_text(), logs.stdout):
         lines = LINE.findall(text)
@@ -57,18 +49,12 @@ train: {{script: seen.py}}
 
 
 @pytest.fixture(scope="module")
-def gpu_cluster(tmp_path_factory):
-    from hpcsuite.site.cluster import LocalCluster
+def gpu_cluster(wide_cluster):
+    """The session's wide cluster (2 GPUs a node) and its profile."""
+    from conftest import cancel_all
 
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("a node with 2 GPUs needs 2 cores here (one rank per GPU)")
-    root = tmp_path_factory.mktemp("gpu-share-cluster")
-    cluster = LocalCluster(root, port=TEST_PORT + 44, accounting=False, gpus=2)
-    try:
-        cluster.up(timeout=90)
-        yield dict(os.environ, SLURM_CONF=str(cluster.conf), HPCSUITE_PROFILE=str(cluster.profile))
-    finally:
-        cluster.down()
+    yield dict(os.environ, **wide_cluster.client_env())
+    cancel_all(wide_cluster)
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])

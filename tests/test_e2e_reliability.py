@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli, submit_spec as submit, wait_for_text
+from shared_preempt import LIMIT   # the time-limit job; test_fifty_submits... makes its busy job of it
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -172,26 +173,19 @@ def test_a_node_lost_mid_job_ends_it_promptly_and_it_resumes_when_nodes_return(l
     assert ledger.exactly_once([run_dir], 8000, 40) == []
 
 
-LIMIT = """name: limit
-resources: {nodes: 2, tasks_per_node: 1, time: "00:02:00"}
-train:
-  data: {samples: 1000000, shape: [64], classes: 4}
-  batch_size: 16
-  epochs: 100
-  checkpoint: {every_steps: 100000}
-"""
-
-
-def test_a_job_reaching_its_time_limit_saves_first_and_says_so(local_cluster, tmp_path):
-    """No preemption settings: the default warning signal and the ranks' own clock."""
+def test_a_job_reaching_its_time_limit_saves_first_and_says_so(local_cluster, time_limit_jobs):
+    """No preemption settings: the default warning signal and the ranks' own clock. The job is
+    shared_preempt.LIMIT (1 node, 2 minutes), run beside the TIMEOUT job of test_e2e_review."""
     cluster, env = local_cluster
-    out = submit(env, tmp_path, LIMIT, name="limit.yaml", expect=3)
+    limit = time_limit_jobs.limit
+    assert limit.returncode == 3, limit.stdout + limit.stderr
+    out = json.loads(limit.stdout)
     results = out["results"]
     assert results["status"] == "time_limit" and results["stop"]["reason"] == "time_limit"
     assert results["checkpoints"][-1]["step"] == results["final_step"] > 0
     assert results["checkpoints"][-1]["reason"] == "time_limit"
     assert out["state"] == "COMPLETED"                    # it ended itself, before Slurm did
-    proc = run_cli("status", out["job_id"], cwd=tmp_path, env=env, check=True)
+    proc = run_cli("status", out["job_id"], cwd=limit.work, env=env, check=True)
     assert f"before the time limit at step {results['final_step']}, checkpoint saved" in proc.stdout
 
 

@@ -4,12 +4,11 @@ a write after sbatch that fails keeps the job id, a relative checkpoint director
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import follow_job, run_cli
+from conftest import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -49,42 +48,25 @@ def test_a_write_after_sbatch_that_fails_still_prints_the_job_id(local_cluster, 
         subprocess.run(["scancel", job_id], env=env, timeout=60)
 
 
-TIMEOUT_JOB = """name: ckrel
-resources: {nodes: 1, time: "00:01:00"}
-train:
-  data: {samples: 4096, shape: [32]}
-  batch_size: 32
-  epochs: 100000
-  checkpoint: {every_steps: 20, dir: ckpt}
-  preemption: {lead_seconds: 0}     # no stop before the limit: Slurm ends it, TIMEOUT
-"""
-
-
-def test_status_from_another_directory_finds_a_relative_checkpoint_dir(local_cluster, tmp_path):
+def test_status_from_another_directory_finds_a_relative_checkpoint_dir(local_cluster,
+                                                                       time_limit_jobs):
     """train.checkpoint.dir: ckpt is the submit directory's; `status` run elsewhere reads the
-    same directory the ranks saved in, not ./ckpt of wherever it runs."""
+    same directory the ranks saved in, not ./ckpt of wherever it runs. The job is
+    shared_preempt.TIMEOUT_JOB (1 node, 1 minute, no stop before the limit), run beside the
+    time-limit job of test_e2e_reliability."""
     cluster, env = local_cluster
-    work, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
-    work.mkdir()
-    elsewhere.mkdir()
-    (work / "job.yaml").write_text(TIMEOUT_JOB)
-    job_id = run_cli("submit", "job.yaml", cwd=work, env=env, check=True).stdout.strip()
-    job = None
-    try:
-        t0 = time.monotonic()
-        state = follow_job(env, job_id, work, timeout=240)
-        print(f"TIMEOUT after {time.monotonic() - t0:.0f}s")
-        assert state["state"] == "TIMEOUT", state
-        saved = sorted((work / "ckpt").glob("step-*"))
-        assert saved, "the job saved no checkpoint in the submit directory's ckpt/"
-        job = json.loads((Path(state["run_dir"]) / "job.json").read_text())
-        assert job["train"]["checkpoint"]["dir"] == str(work / "ckpt")
-        for cwd in (elsewhere, work):
-            text = run_cli("status", job_id, cwd=cwd, env=env, check=True).stdout
-            assert "no checkpoint was saved" not in text, (cwd, text)
-            assert "the last checkpoint is step " in text and str(work / "ckpt") in text, text
-    finally:
-        subprocess.run(["scancel", job_id], env=env, timeout=60)
+    timed_out = time_limit_jobs.timeout
+    work, elsewhere, state = timed_out.work, timed_out.elsewhere, timed_out.state
+    print(f"TIMEOUT after {timed_out.seconds:.0f}s")
+    assert state["state"] == "TIMEOUT", state
+    saved = sorted((work / "ckpt").glob("step-*"))
+    assert saved, "the job saved no checkpoint in the submit directory's ckpt/"
+    job = json.loads((Path(state["run_dir"]) / "job.json").read_text())
+    assert job["train"]["checkpoint"]["dir"] == str(work / "ckpt")
+    for cwd in (elsewhere, work):
+        text = run_cli("status", timed_out.job_id, cwd=cwd, env=env, check=True).stdout
+        assert "no checkpoint was saved" not in text, (cwd, text)
+        assert "the last checkpoint is step " in text and str(work / "ckpt") in text, text
 
 
 def test_an_input_errors_headline_is_what_the_failing_rank_said(local_cluster, tmp_path):

@@ -1,23 +1,25 @@
 """End to end on the local Slurm cluster: train.monitor.tensorboard's event files, read back by
 TensorBoard's own reader (EventAccumulator). A 2-rank managed-loop job, PyTorch and TensorFlow
 (only rank 0 writes; the loss, learning rate and validation TensorBoard shows are results.json's
-numbers), and a script-mode job preempted and requeued (one log directory: the run continues)."""
+numbers), and a script-mode job preempted and requeued (one log directory: the run continues).
+The torch job and the script job are the shared ones of tests/shared_observe.py."""
 
 import json
 
 import pytest
 
-from conftest import follow_job, preempt_after_step, run_cli
+from conftest import run_cli
+from shared_observe import PREEMPTED_STEPS, submitted
 from test_tensorboard import f32, points, read
-from test_whole_run import STEPS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-MANAGED = """name: tbm
+# TensorFlow's; torch's is the shared observability job, with the same observers on.
+MANAGED_TF = """name: tbm
 resources: {nodes: 2, time: "00:05:00"}
 train:
-  backend: BACKEND
+  backend: tensorflow
   model: mlp
   data: {samples: 2048, shape: [32]}
   batch_size: 32
@@ -29,14 +31,13 @@ train:
 
 
 @pytest.mark.parametrize("backend", ["torch", "tensorflow"])
-def test_a_managed_job_charts_what_results_json_records(local_cluster, tmp_path, backend):
+def test_a_managed_job_charts_what_results_json_records(request, local_cluster, tmp_path,
+                                                        backend):
     cluster, env = local_cluster
-    (tmp_path / "tbm.yaml").write_text(MANAGED.replace("BACKEND", backend))
-    out = run_cli("submit", "tbm.yaml", "--wait", "--json", cwd=tmp_path, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    payload = json.loads(out.stdout)
-    r = payload["results"]
-    run_dir = tmp_path / payload["run_dir"]
+    job = request.getfixturevalue("observed_job") if backend == "torch" else \
+        submitted(env, tmp_path, "tbm", MANAGED_TF)
+    r = job.payload["results"]
+    run_dir = job.run_dir
     files = sorted((run_dir / "tensorboard").iterdir())
     assert len(files) == 1 and files[0].name.startswith("events.out.tfevents."), files
     assert f".{r['hosts'][0]}." in files[0].name          # rank 0's, no other rank's
@@ -61,35 +62,21 @@ def test_a_managed_job_charts_what_results_json_records(local_cluster, tmp_path,
     cpu1 = points(acc, "utilisation/rank1/cpu_percent")
     assert len(cpu1) == len(r["utilisation"][1]) and cpu1[-1][0] == final
 
-    report = run_cli("report", "tbm", cwd=tmp_path, env=env, check=True).stdout
+    report = run_cli("report", job.name, "--out", str(tmp_path / "plots"), cwd=job.work, env=env,
+                     check=True).stdout
     assert f"tensorboard --logdir {(run_dir / 'tensorboard').absolute()}" in report, report
 
 
-# The preempted script job of tests/test_whole_run.py, charted.
-SCRIPT = """name: tbs
-resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
-train:
-  script: steps.py
-  batch_size: 8
-  epochs: 30
-  checkpoint: {every_steps: 100000}
-  preemption: {signal: USR1, requeue: true}
-  monitor: {tensorboard: true}
-"""
-
-
-def test_a_requeued_script_job_continues_in_one_log_directory(local_cluster, tmp_path):
-    cluster, env = local_cluster
-    (tmp_path / "steps.py").write_text(STEPS)
-    (tmp_path / "tbs.yaml").write_text(SCRIPT)
-    job_id = run_cli("submit", "tbs.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
-    run_dir = tmp_path / "runs" / "tbs" / job_id
-    preempt_after_step(env, job_id, run_dir)
-    state = follow_job(env, job_id, tmp_path, cluster)
-    assert state["state"] == "COMPLETED", (tmp_path / "runs" / "tbs" / f"slurm-{job_id}.out").read_text()[-3000:]
+def test_a_requeued_script_job_continues_in_one_log_directory(preempted_script_job,
+                                                              local_cluster, tmp_path):
+    """The shared preempted script job (tests/shared_observe.py), charted."""
+    _, env = local_cluster
+    job = preempted_script_job
+    assert job.state["state"] == "COMPLETED", job.log.read_text()[-3000:]
+    run_dir = job.run_dir
 
     r = json.loads((run_dir / "results.json").read_text())
-    total, cut = 30 * 8, r["start_step"]              # cut: where attempt 0 saved and stopped
+    total, cut = PREEMPTED_STEPS, r["start_step"]     # cut: where attempt 0 saved and stopped
     assert (r["attempt"], r["final_step"]) == (1, total) and 5 <= cut < total
     assert len(list((run_dir / "tensorboard").iterdir())) == 2      # one file per attempt
 
@@ -102,6 +89,6 @@ def test_a_requeued_script_job_continues_in_one_log_directory(local_cluster, tmp
     assert loss == [(s, f32(10.0 / s)) for s in steps]
     assert points(acc, "seen") == [(s, float(s)) for s in steps]   # the restored state went on
     assert loss[-1] == (r["final_step"], f32(r["loss"][-1]))
-    report = run_cli("report", job_id, "--out", str(tmp_path / "plots"), cwd=tmp_path, env=env,
-                     check=True).stdout
+    report = run_cli("report", job.job_id, "--out", str(tmp_path / "plots"), cwd=job.work,
+                     env=env, check=True).stdout
     assert "TensorBoard event files (2 attempts, rank 0's)" in report, report

@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from conftest import follow_job, preempt_after_step, run_cli
-from test_whole_run import STEPS
+from conftest import follow_job, run_cli
+from shared_observe import STEPS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 mlflow = pytest.importorskip("mlflow")
@@ -198,46 +198,30 @@ def synced_into_a_server_and_a_database(env, work, source, run) -> None:
     same_run(source, run, client_for(f"sqlite:///{work}/synced.db"), done["target_run"])
 
 
-# The preempted script job of tests/test_whole_run.py, tracked (one rank: the script uses no
-# Horovod, so each rank would be a world of its own).
-SCRIPT = """name: trs
-resources: {nodes: 1, tasks_per_node: 1, time: "00:05:00"}
-train:
-  script: steps.py
-  batch_size: 8
-  epochs: 30
-  checkpoint: {every_steps: 100000}
-  preemption: {signal: USR1, requeue: true}
-  tracking: {mlflow: {experiment: preempted}}
-"""
-
-
-def test_a_preempted_and_requeued_job_continues_one_mlflow_run(local_cluster, tmp_path):
-    cluster, env = local_cluster
-    (tmp_path / "steps.py").write_text(STEPS)
-    (tmp_path / "trs.yaml").write_text(SCRIPT)
-    job_id = run_cli("submit", "trs.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
-    run_dir = tmp_path / "runs" / "trs" / job_id
-    preempt_after_step(env, job_id, run_dir)
-    state = follow_job(env, job_id, tmp_path, cluster)
-    log = (tmp_path / "runs" / "trs" / f"slurm-{job_id}.out").read_text()
-    assert state["state"] == "COMPLETED", log[-3000:]
+def test_a_preempted_and_requeued_job_continues_one_mlflow_run(preempted_script_job):
+    """The shared preempted script job (tests/shared_observe.py), tracked: one rank, as the
+    script uses no Horovod (each rank would be a world of its own)."""
+    job = preempted_script_job
+    log = job.log.read_text()
+    assert job.state["state"] == "COMPLETED", log[-3000:]
     assert "hpcsuite script: preempted at step" in log
 
-    r = json.loads((run_dir / "results.json").read_text())
+    r = json.loads((job.run_dir / "results.json").read_text())
     total, cut = r["final_step"], r["start_step"]     # cut: where attempt 0 saved and stopped
     assert (r["attempt"], r["status"]) == (1, "completed") and 5 <= cut < total
-    client, run = mlflow_run(run_dir)
+    client, run = mlflow_run(job.run_dir)
     assert len(client.search_runs([run.info.experiment_id])) == 1       # ONE MLflow run
     assert client.get_experiment(run.info.experiment_id).name == "preempted"
     assert run.info.status == "FINISHED"
-    assert run.data.tags["hpcsuite.attempt"] == "1" and run.data.tags["hpcsuite.slurm_job_id"] == job_id
+    assert run.data.tags["hpcsuite.attempt"] == "1"
+    assert run.data.tags["hpcsuite.slurm_job_id"] == job.job_id
     loss = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
     steps = [s for s, _ in loss]
     assert steps[0] == 1 and steps[-1] == total
     assert any(s <= cut for s in steps) and any(s > cut for s in steps)   # both attempts'
     assert all(v == pytest.approx(10.0 / s, rel=1e-5) for s, v in loss)
-    assert [f.path for f in client.list_artifacts(run.info.run_id)] == ["results.json"]
+    # As the job ended: the other tests' `hpcsuite report` adds its plots (report/) later.
+    assert job.mlflow_artifacts == ["results.json"]
 
 
 JOB = """name: base

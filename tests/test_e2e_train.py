@@ -5,6 +5,7 @@ sample of every epoch is trained on exactly once."""
 
 import collections
 import json
+import math
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import rank_pids, run_cli, submit_spec as submit, wait_for_text
 
@@ -119,49 +121,36 @@ train:
   data: {samples: 1000000, shape: [8], classes: 4}
   batch_size: 16
   epochs: 1
-  max_steps: 30000
+  max_steps: 8000
   checkpoint: {every_steps: 100000}
   preemption: {signal: USR1, lead_seconds: 60, requeue: true}
   ledger: true
 """
 
 
-def test_preemption_checkpoints_requeues_and_resumes(local_cluster, tmp_path):
-    cluster, env = local_cluster
-    spec = tmp_path / "preempt.yaml"
-    spec.write_text(PREEMPT_SPEC)
-    job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
-    log = tmp_path / "runs" / "preempt" / f"slurm-{job_id}.out"
-    wait_for_text(log, "training:")
-    # What Slurm does lead_seconds before the time limit: the signal to the batch shell.
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
-        if state["state"] == "PENDING" and state["reason"] == "BeginTime" \
-                and set(cluster.node_states().values()) == {"idle"}:
-            # Slurm holds a requeued job for about two minutes so the nodes can clean up the
-            # previous run (same job id). Once both nodes are idle again, start it now to keep
-            # the test short; starting it before that makes the launch fail.
-            time.sleep(2)
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
-        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            break
-        time.sleep(1)
-    assert state["state"] == "COMPLETED", log.read_text()[-3000:]
-    text = log.read_text()
+def test_preemption_checkpoints_requeues_and_resumes(preempted_job):
+    """The preemption page's job (shared_preempt.preempted_job: sbatch/preemptible.yaml on 2
+    ranks, with a ledger), given USR1 mid-run: it saves, requeues itself and resumes to the
+    end, and across the two attempts every sample of every epoch is trained exactly once."""
+    job = preempted_job
+    assert job.state["state"] == "COMPLETED", job.log.read_text()[-3000:]
+    text = job.log.read_text()
     assert "hpcsuite train: preempted at step" in text and "requeueing job" in text
-    run_dir = tmp_path / "runs" / "preempt" / job_id
-    results = json.loads((run_dir / "results.json").read_text())
+    spec = yaml.safe_load(job.spec.read_text())
+    resources, train = spec["resources"], spec["train"]
+    samples, epochs = train["data"]["samples"], train["epochs"]
+    ranks = resources["nodes"] * resources["tasks_per_node"]
+    steps = epochs * math.ceil(samples / (ranks * train["batch_size"]))   # padded last step
+    results = json.loads((job.run_dir / "results.json").read_text())
     assert results["attempt"] == 1 and results["status"] == "completed"
-    assert 0 < results["start_step"] < 30000 and results["final_step"] == 30000
+    assert 0 < results["start_step"] < steps and results["final_step"] == steps
     # runs: Slurm says COMPLETED; the job's own record says how it got there.
-    row = next(r for r in json.loads(run_cli("runs", "--json", cwd=tmp_path, env=env,
-                                             check=True).stdout) if r["job_id"] == job_id)
+    row = next(r for r in json.loads(run_cli("runs", "--json", cwd=job.work, env=job.env,
+                                             check=True).stdout) if r["job_id"] == job.job_id)
     assert (row["state"], row["outcome"]) == ("COMPLETED", "completed after 2 attempts (1 preempted)")
-    # Every sample id trained at most once, and exactly the first 30000 steps' worth.
-    seen = ledger([run_dir])[0]
-    assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16
+    # Every sample id trained at most once, and exactly the whole run's worth: each epoch's
+    # samples once, across the stop and the resume.
+    assert_each_sample_once([job.run_dir], samples, epochs)
 
 
 def test_preempted_without_requeue_exits_3_and_resubmission_resumes(local_cluster, tmp_path):
@@ -184,9 +173,9 @@ def test_preempted_without_requeue_exits_3_and_resubmission_resumes(local_cluste
     assert proc.returncode == 3, out + err
     assert "stopped early after saving a checkpoint at step " in err and "submit the same spec again" in err
     again = submit(env, tmp_path, text, name="stop.yaml")["results"]
-    assert again["start_step"] > 0 and again["final_step"] == 30000
+    assert again["start_step"] > 0 and again["final_step"] == 8000
     seen = ledger([d for d in root.iterdir() if d.name.isdigit()])[0]
-    assert set(seen.values()) == {1} and sum(seen.values()) == 30000 * 2 * 16
+    assert set(seen.values()) == {1} and sum(seen.values()) == 8000 * 2 * 16
 
 
 def _ends_within(env, job_id: str, since: float, limit: float) -> tuple[str, float]:
@@ -206,7 +195,7 @@ def test_a_dead_rank_ends_the_job_within_a_minute(local_cluster, tmp_path, launc
     cluster, env = local_cluster
     spec = tmp_path / "dead.yaml"
     spec.write_text(PREEMPT_SPEC.replace("name: preempt", f"name: dead-{launcher}\nlauncher: {launcher}")
-                    .replace("max_steps: 30000", "max_steps: 10000000"))
+                    .replace("max_steps: 8000", "max_steps: 10000000"))
     job_id = run_cli("submit", str(spec), cwd=tmp_path, env=env, check=True).stdout.strip()
     log = tmp_path / "runs" / f"dead-{launcher}" / f"slurm-{job_id}.out"
     wait_for_text(log, "training:")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import TEST_PORT, run_cli, wait_for_text
+from conftest import run_cli, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -178,17 +178,14 @@ def test_a_resubmitted_element_keeps_max_parallel_and_never_ran_is_named_alike(l
 
 
 @pytest.fixture(scope="module")
-def four_slots(tmp_path_factory):
-    """A cluster with room for four one-core jobs at once (two nodes of two cores)."""
-    from hpcsuite.site.cluster import LocalCluster
+def four_slots(wide_cluster):
+    """The session's wide cluster: room for four one-core jobs at once (two nodes of two
+    cores)."""
+    from conftest import cancel_all
 
-    root = tmp_path_factory.mktemp("four-slots")
-    cluster = LocalCluster(root, port=TEST_PORT + 48, accounting=False, gpus=2)
-    try:
-        cluster.up(timeout=90)
-        yield dict(os.environ, SLURM_CONF=str(cluster.conf), HPCSUITE_CLUSTER_DIR=str(root))
-    finally:
-        cluster.down()
+    yield dict(os.environ, SLURM_CONF=str(wide_cluster.conf),
+               HPCSUITE_CLUSTER_DIR=str(wide_cluster.root))
+    cancel_all(wide_cluster)
 
 
 def test_max_parallel_2_holds_when_an_element_is_resubmitted_while_two_run(four_slots, tmp_path):
@@ -215,37 +212,17 @@ def test_max_parallel_2_holds_when_an_element_is_resubmitted_while_two_run(four_
     assert any(resubmitted["job_id"] in s for s in seen)
 
 
-def test_attempts_are_numbered_one_way_in_status_logs_and_records(local_cluster, tmp_path):
+def test_attempts_are_numbered_one_way_in_status_logs_and_records(preempted_job):
     """A requeued job's second attempt is attempt 1 in the requeue-delay line of `status`, the
-    rank's log, the batch log, attempts.jsonl and results.json (SLURM_RESTART_COUNT)."""
-    cluster, env = local_cluster
-    (tmp_path / "again.yaml").write_text(
-        "name: again\nresources: {nodes: 1, time: '00:10:00'}\n"
-        "train: {data: {samples: 100000, shape: [8], classes: 4}, batch_size: 16, epochs: 1,\n"
-        "        max_steps: 4000, checkpoint: {every_steps: 100000},\n"
-        "        preemption: {signal: USR1, lead_seconds: 60, requeue: true}}\n")
-    job_id = run_cli("submit", "again.yaml", cwd=tmp_path, env=env, check=True).stdout.strip()
-    log = tmp_path / "runs" / "again" / f"slurm-{job_id}.out"
-    wait_for_text(log, "training:")
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
-    said, deadline = None, time.monotonic() + 400
-    while time.monotonic() < deadline:
-        state = json.loads(run_cli("status", job_id, "--json", env=env, check=True).stdout)
-        if state["state"] == "PENDING" and state["reason"] == "BeginTime":
-            said = said or run_cli("status", job_id, env=env, check=True).stdout
-            if set(cluster.node_states().values()) == {"idle"}:
-                time.sleep(2)        # as test_e2e_train: skip Slurm's requeue delay
-                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                               env=env)
-        if state["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            break
-        time.sleep(1)
-    assert state["state"] == "COMPLETED", log.read_text()[-3000:]
+    rank's log, the batch log, attempts.jsonl and results.json (SLURM_RESTART_COUNT). The job:
+    shared_preempt.preempted_job, whose `status` was taken while Slurm held the requeue."""
+    job = preempted_job
+    assert job.state["state"] == "COMPLETED", job.log.read_text()[-3000:]
+    said = job.held_status
     assert said and "requeued (attempt 1)" in said, said
-    run_dir = tmp_path / "runs" / "again" / job_id
-    rank_log = (run_dir / "logs" / "rank-0.log").read_text()
+    rank_log = (job.run_dir / "logs" / "rank-0.log").read_text()
     assert "attempt 0 on " in rank_log and "attempt 1 on " in rank_log
-    assert "hpcsuite: attempt 0 preempted after saving a checkpoint" in log.read_text()
-    records = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert "hpcsuite: attempt 0 preempted after saving a checkpoint" in job.log.read_text()
+    records = [json.loads(l) for l in (job.run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [r["attempt"] for r in records] == [0, 1]
-    assert json.loads((run_dir / "results.json").read_text())["attempt"] == 1
+    assert json.loads((job.run_dir / "results.json").read_text())["attempt"] == 1

@@ -96,10 +96,15 @@ def test_script_mode_runs_the_users_script(local_cluster, digits, spec):
     assert r["checkpoints"][-1]["step"] == r["final_step"]
 
 
+# Long enough that the signal, a second after the first step, lands mid-run on a busy machine
+# (start_step is asserted strictly inside); every step of the rest is trained again after it.
+PREEMPT_EPOCHS = 150
+
+
 @pytest.mark.parametrize("name", ["digits-script-torch", "digits-script-tf"])
 def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits, name):
     cluster, env = local_cluster
-    job_id = run_cli("submit", f"{name}.yaml", "--set", "train.epochs=400",
+    job_id = run_cli("submit", f"{name}.yaml", "--set", f"train.epochs={PREEMPT_EPOCHS}",
                      "--set", "train.checkpoint.every_steps=100000", cwd=digits, env=env,
                      check=True).stdout.strip()
     log = digits / "runs" / name / f"slurm-{job_id}.out"
@@ -122,10 +127,10 @@ def test_script_mode_preemption_requeues_and_resumes(local_cluster, digits, name
     assert "hpcsuite script: preempted at step" in text and "requeueing job" in text
     r = json.loads((digits / "runs" / name / job_id / "results.json").read_text())
     assert r["attempt"] == 1 and r["status"] == "completed" and r["mode"] == "script"
-    assert 0 < r["start_step"] < r["final_step"] == 400 * 23
+    assert 0 < r["start_step"] < r["final_step"] == PREEMPT_EPOCHS * 23
     assert r["resumed_from"] and len(set(r["param_checksums"])) == 1
     h = r["history"]                                 # the whole job, from its first step
-    assert h["steps"] == list(range(1, 400 * 23 + 1)) and None not in h["loss"]
+    assert h["steps"] == list(range(1, PREEMPT_EPOCHS * 23 + 1)) and None not in h["loss"]
     assert [a["step"] for a in h["attempt_starts"]] == [1, r["start_step"] + 1]
     assert h["loss"][0] > 3 * h["loss"][-1]          # it learnt across the requeue
 
