@@ -4,7 +4,7 @@ VENV ?= .venv
 HPCSUITE = $(VENV)/bin/hpcsuite
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-mpis setup-intelmpi demo test test-debian13 golden docs cluster-up cluster-down clean
+.PHONY: setup setup-mpis setup-intelmpi setup-account demo test test-fast test-full test-debian13 golden docs cluster-up cluster-down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,11 +24,27 @@ setup-mpis: setup
 setup-intelmpi:
 	@bash scripts/intelmpi.sh
 
-# The whole test suite, end-to-end tests on a private local Slurm cluster included; then the
-# Debian 13 tier (test-debian13).
-test: setup setup-mpis setup-intelmpi
-	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
-	@$(MAKE) --no-print-directory test-debian13
+# The README's test command and CI's (.ci/run): the unit tests, then every end-to-end test but
+# the repeats along one axis that tests/tiers.py keeps for test-full, then the Debian 13 tier;
+# in stages with time bounds (scripts/test_tier.sh, docs/contributing/test-tiers.md).
+test: setup setup-mpis setup-intelmpi setup-account
+	@PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_tier.sh ci
+
+# For working on the code: the unit tests and one end-to-end job per main user path (~10 min).
+test-fast: setup
+	@PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_tier.sh fast
+
+# Everything: CI's tier and the repeats (other launcher, backend, MPI), 1000 fuzz cases per kind.
+test-full: setup setup-mpis setup-intelmpi setup-account
+	@PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_tier.sh full
+
+# The unprivileged test account and its install (tests/test_e2e_install.py, test_e2e_nonroot.py):
+# its venv, the site-style MPI module and its Horovod build, cached by key in its home, so the
+# minutes a new key costs are spent here, before the tests, and seconds every other time.
+setup-account: setup
+	@if [ "$$(id -u)" = 0 ]; then \
+	  bash scripts/test_account.sh --venv >/dev/null && $(VENV)/bin/python tests/test_e2e_install.py; \
+	else echo "setup-account: not root; the tests that run as the account skip"; fi
 
 # The end-to-end core on Debian 13 (Slurm 24.11, Open MPI 5, Python 3.13) in a cached trixie root
 # (docs/contributing/debian13.md); DEBIAN13_PYTEST_ARGS: what pytest runs there instead.
