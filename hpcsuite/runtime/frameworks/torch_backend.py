@@ -345,8 +345,12 @@ class TorchBackend(HorovodBackend):
             self.scaler.load_state_dict(extra["grad_scaler"])
 
     def broadcast_state(self):
-        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        # The optimizer's state first: on a rank whose optimizer has no state yet (every rank
+        # but 0 after a resume) Horovod initialises it with one step on zero gradients, and
+        # under weight decay (AdamW, SGD's weight_decay) that step moves the parameters. Rank
+        # 0's parameters, sent after, undo it; sent before, the ranks trained apart from then on.
         self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
 
     def vote_start(self, values):
         t = self.torch.tensor(values, dtype=self.torch.int32)
