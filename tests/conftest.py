@@ -167,6 +167,23 @@ def wide_cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
+BROKEN = ("name: broken\nresources: {nodes: 1, time: '00:02:00'}\n"
+          "train: {model: nosuchmodel, max_steps: 1}\n")
+
+
+@pytest.fixture(scope="session")
+def broken_job(local_cluster, tmp_path_factory):
+    """A job that fails on its input in the job (a model name the runtime does not know), run
+    with `submit --wait` from a directory of its own: (env, that directory, the
+    CompletedProcess). Read by test_e2e::test_failing_job_exits_nonzero_with_log_tail and
+    test_e2e_truth::test_cancel_says_what_it_did_and_status_and_logs_say_what_is."""
+    _, env = local_cluster
+    work = tmp_path_factory.mktemp("broken")
+    (work / "broken.yaml").write_text(BROKEN)
+    return env, work, run_cli("submit", "broken.yaml", "--wait", "--timeout", "300", cwd=work,
+                              env=env, timeout=400)
+
+
 def cancel_all(cluster) -> None:
     """Cancel every job on ``cluster`` (a module's teardown on the shared wide cluster: what a
     failed test left queued must not hold the next module's jobs)."""

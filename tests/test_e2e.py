@@ -50,14 +50,9 @@ def test_quickstart_trains_on_two_ranks(quickstart):
     assert "2 ranks on" in proc.stdout and "samples/s" in proc.stdout and str(run_dir) in proc.stdout
 
 
-def test_failing_job_exits_nonzero_with_log_tail(local_cluster, tmp_path):
-    cluster, env = local_cluster
-    spec = tmp_path / "broken.yaml"
+def test_failing_job_exits_nonzero_with_log_tail(broken_job):
     # A model name the runtime does not know: the job itself fails on the compute nodes.
-    spec.write_text("name: broken\nresources: {nodes: 1, time: '00:02:00'}\n"
-                    "train: {model: nosuchmodel, max_steps: 1}\n")
-    proc = run_cli("submit", str(spec), "--wait", "--timeout", "300", cwd=tmp_path, env=env,
-                   timeout=400)
+    env, work, proc = broken_job
     # The job ended on an error in its input: exit 2, that error first.
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "ended FAILED: unknown model 'nosuchmodel'" in proc.stderr

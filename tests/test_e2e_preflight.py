@@ -71,3 +71,8 @@ def test_a_bar_no_link_reaches_ends_the_job_with_exit_2_before_training(local_cl
     assert (attempt["outcome"], attempt["exit"], attempt["requeued"]) == ("failed", 2, False)
     status = run_cli("status", job_id, cwd=tmp_path, env=env, check=True).stdout
     assert line in status and "FAILED" in status, status
+    # `submit --wait` leads with it: the failed preflight, exit 2 (the headline test of
+    # test_e2e_script_words ran the same job; it is in make test-full)
+    assert out.returncode == 2, out.stdout + out.stderr
+    headline = next(l for l in out.stderr.splitlines() if l.startswith("error: "))
+    assert headline.startswith(f"error: job {job_id} ended FAILED: {line}"), headline

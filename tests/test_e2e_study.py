@@ -101,17 +101,35 @@ def check_report(study_dir: Path, env: dict) -> dict:
     assert spread["compute_cv_source"].startswith("measured: "), spread
     assert 0 < spread["compute_cv"] < 1
     print(f"study predict: cv {spread['compute_cv']:.4f}, {spread['compute_cv_source']}")
-    current = predicted["series"]["current"]
-    assert current[-1]["slowest_compute_ms"] > current[0]["slowest_compute_ms"]
+    # Compared where the compute comes from the same basis: 4 and 8 nodes were not measured
+    # (both on the 1-rank step), while 1 and 2 nodes use their own measured limits (issue 51,
+    # point 16), which may be faster or slower than it on a given run.
+    current = {r["nodes"]: r for r in predicted["series"]["current"]}
+    assert current[8]["slowest_compute_ms"] > current[4]["slowest_compute_ms"]
     return report
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
-def test_weak_scaling_study(local_cluster, tmp_path, backend):
-    cluster, env = local_cluster
-    project = make_project(tmp_path / "project", backend)
+def run_weak_study(env: dict, root: Path, backend: str) -> Path:
+    """The weak-scaling study of ``backend`` run with --wait in a project under ``root``; the
+    project."""
+    project = make_project(root / "project", backend)
     proc = run_cli("study", "run", "study.yaml", "--wait", cwd=project, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return project
+
+
+@pytest.fixture(scope="module")
+def torch_study(local_cluster, tmp_path_factory) -> Path:
+    """The torch weak-scaling study, run once: read by test_weak_scaling_study[torch] and by
+    test_the_bundle_alone_runs_the_study_again_elsewhere (make test-full)."""
+    return run_weak_study(local_cluster[1], tmp_path_factory.mktemp("torch-study"), "torch")
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_weak_scaling_study(request, local_cluster, tmp_path, backend):
+    cluster, env = local_cluster
+    project = request.getfixturevalue("torch_study") if backend == "torch" else \
+        run_weak_study(env, tmp_path, backend)
     study_dir = project / "studies" / "weak"
     check_report(study_dir, env)
     status = json.loads(run_cli("study", "status", str(study_dir), "--json", env=env).stdout)
@@ -123,14 +141,23 @@ def test_weak_scaling_study(local_cluster, tmp_path, backend):
     assert {s["kind"] for s in status} == {"train", "limit", "allreduce"}
     results = json.loads(next((study_dir / "runs" / "weak-p01L-r0").glob("*/results.json")).read_text())
     assert results["world_size"] == 2 and len(set(results["param_checksums"])) == 2  # no allreduce
-    if backend != "torch":
-        return
-    # The bundle alone, somewhere else, runs the same study again; compare shows both.
+
+
+def test_the_bundle_alone_runs_the_study_again_elsewhere(torch_study, local_cluster, tmp_path):
+    """The bundle alone, somewhere else (the project it came from moved away meanwhile), runs
+    the same study again; compare shows both. (Rerun and compare of a study's bundle in place:
+    test_study_commands_take_relative_paths_as_the_help_shows.)"""
+    cluster, env = local_cluster
+    study_dir = torch_study / "studies" / "weak"
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(study_dir, elsewhere / "bundle")
-    shutil.rmtree(project)
-    proc = run_cli("study", "rerun", str(elsewhere / "bundle"), "--dir", str(elsewhere / "again"),
-                   "--wait", cwd=elsewhere, env=env, timeout=1200)
+    away = torch_study.with_name("project-moved-away")
+    torch_study.rename(away)
+    try:
+        proc = run_cli("study", "rerun", str(elsewhere / "bundle"), "--dir",
+                       str(elsewhere / "again"), "--wait", cwd=elsewhere, env=env, timeout=1200)
+    finally:
+        away.rename(torch_study)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_report(elsewhere / "again", env)
     proc = run_cli("study", "compare", str(elsewhere / "bundle"), str(elsewhere / "again"),

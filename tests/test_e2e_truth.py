@@ -18,22 +18,22 @@ from conftest import run_cli, wait_for_text
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def test_cancel_says_what_it_did_and_status_and_logs_say_what_is(local_cluster, tmp_path):
+def test_cancel_says_what_it_did_and_status_and_logs_say_what_is(local_cluster, broken_job,
+                                                                  tmp_path):
     _, env = local_cluster
-    # a job that fails on an error hpcsuite reports in the job: status shows that error
-    (tmp_path / "broken.yaml").write_text("name: broken\nresources: {nodes: 1, time: '00:02:00'}\n"
-                                          "train: {model: nosuchmodel, max_steps: 1}\n")
-    broken = run_cli("submit", "broken.yaml", "--wait", cwd=tmp_path, env=env, timeout=400)
+    # a job that fails on an error hpcsuite reports in the job (conftest.broken_job, shared with
+    # test_e2e's failing job): status shows that error
+    _, there, broken = broken_job
     assert broken.returncode == 2, broken.stdout + broken.stderr
-    text = run_cli("status", "broken", cwd=tmp_path, env=env, check=True).stdout
+    text = run_cli("status", "broken", cwd=there, env=env, check=True).stdout
     assert re.search(r"  error \(attempt 0, rank 0 on \S+\): unknown model 'nosuchmodel'", text), text
-    status = json.loads(run_cli("status", "broken", "--json", cwd=tmp_path, env=env,
+    status = json.loads(run_cli("status", "broken", "--json", cwd=there, env=env,
                                 check=True).stdout)
     assert status["error"]["message"].startswith("unknown model 'nosuchmodel'")
     broken_id = status["job_id"]
 
     # a finished job: nothing to cancel, exit 2, one line
-    ended = run_cli("cancel", "broken", cwd=tmp_path, env=env)
+    ended = run_cli("cancel", "broken", cwd=there, env=env)
     assert ended.returncode == 2 and ended.stdout == ""
     assert ended.stderr == f"error: job {broken_id} has already ended (FAILED, exit 2:0): " \
                            "nothing to cancel\n"

@@ -58,7 +58,14 @@ def test_user_model_resumes_and_continues_its_schedule(local_cluster, digits):
     expected = [learning_rate(sched, 0.002, 2, e + min((s + 1) * 64, n) / n, 30)
                 for e in range(30) for s in range(steps_per_epoch)]
     assert lrs == pytest.approx(expected, rel=1e-9)
-    assert second["eval"][-1]["accuracy"] > 0.95
+    # and the second job is the example run to its end (test_digits_example_...[digits-torch]'s
+    # checks, which make test-full runs from scratch): two ranks in step, its evals, the bar
+    assert second["world_size"] == 2 and second["status"] == "completed"
+    assert len(set(second["param_checksums"])) == 1
+    final = second["eval"][-1]
+    assert final["samples"] == 360 and final["epoch"] == 30
+    assert final["accuracy"] > 0.95, second["eval"]
+    assert [e["epoch"] for e in second["eval"]] == [5, 10, 15, 20, 25, 30]   # every_epochs: 5
 
 
 def test_hdf5_data_with_a_validation_split(local_cluster, tmp_path):

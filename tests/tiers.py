@@ -42,8 +42,10 @@ FULL = {
     # ---- the other backend: TensorFlow trains, resumes, is monitored, charted and preempted in CI
     "tests/test_e2e_study.py::test_weak_scaling_study[tensorflow]":
         "the torch study; TensorFlow's study point: the Debian 13 tier",
-    "tests/test_e2e_user.py::test_digits_example_reaches_a_believable_accuracy[digits-tf.yaml]":
-        "[digits-torch.yaml]; TensorFlow's user code: test_script_mode_runs_the_users_script",
+    "tests/test_e2e_user.py::test_digits_example_reaches_a_believable_accuracy":
+        "test_user_model_resumes_and_continues_its_schedule: its second job is the torch example "
+        "run to its end, with the same checks; TensorFlow's user code: "
+        "test_script_mode_runs_the_users_script",
     "tests/test_e2e_user.py::test_script_mode_preemption_requeues_and_resumes[digits-script-tf]":
         "[digits-script-torch]; a TensorFlow resume: test_tensorflow_resnet_two_ranks_and_resume",
     "tests/test_e2e_monitor.py::test_a_timeline_window_is_copied_next_to_the_results[tensorflow]":
@@ -83,6 +85,12 @@ FULL = {
     "tests/test_e2e_mpi_lines.py::test_a_rank_on_each_node_allreduces_under_the_mpis_launcher"
     "[mpich-mpirun]": "test_e2e_mpis[mpich-mpirun] with Horovod",
     # ---- a variant or a control whose job another test already runs
+    "tests/test_e2e_script_words.py::test_a_failed_preflight_is_named_in_the_headline":
+        "test_e2e_preflight::test_a_bar_no_link_reaches_ends_the_job_with_exit_2_before_training"
+        "[mpirun]: the same job, the same headline",
+    "tests/test_e2e_study.py::test_the_bundle_alone_runs_the_study_again_elsewhere":
+        "test_study_commands_take_relative_paths_as_the_help_shows: rerun and compare of a "
+        "study's bundle",
     "tests/test_e2e_truth.py::"
     "test_a_resubmitted_element_keeps_max_parallel_and_never_ran_is_named_alike":
         "test_max_parallel_2_holds_when_an_element_is_resubmitted_while_two_run",
