@@ -60,18 +60,21 @@ def rank_pids(run_dir: str | Path) -> list[str]:
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
-def follow_job(env: dict, job_id: str, cwd: Path, cluster=None, timeout: float = 400) -> dict:
+def follow_job(env: dict, job_id: str, cwd: Path, cluster=None, timeout: float = 400,
+               on_hold=None) -> dict:
     """`status JOB --json` until the job has ended; that status. With ``cluster``, a requeued
-    job held for Slurm's requeue delay (~2 min) is started as soon as the nodes are idle."""
+    job held for Slurm's requeue delay (~2 min) is started as soon as the nodes are idle;
+    ``on_hold(state)`` is called at each look while it is held, before that."""
     import json
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
-        if cluster is not None and state["state"] == "PENDING" \
-                and state.get("reason") == "BeginTime" \
-                and set(cluster.node_states().values()) == {"idle"}:
+        held = state["state"] == "PENDING" and state.get("reason") == "BeginTime"
+        if held and on_hold is not None:
+            on_hold(state)
+        if cluster is not None and held and set(cluster.node_states().values()) == {"idle"}:
             time.sleep(1)
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
                            capture_output=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import docblocks
-from conftest import ENDED, REPO, SBATCH, follow_job, run_cli
+from conftest import REPO, SBATCH, follow_job, run_cli
 
 PAGE = REPO / "docs" / "user" / "preemption.md"
 # The page's block as it must read for the fixture to run it; job 42 is the id submit printed.
@@ -64,26 +64,6 @@ def _wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
         time.sleep(0.3)
 
 
-def _follow_through_the_hold(cluster, env: dict, job_id: str, cwd: Path,
-                             timeout: float = 600) -> tuple[dict, str]:
-    """As conftest.follow_job: `status --json` until the job ends, starting the requeued
-    attempt once both nodes are idle (Slurm holds it ~2 min); and the first `status` text
-    seen while it was held, before that start. (state, that text or "" if never held)."""
-    held, deadline = "", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = json.loads(run_cli("status", job_id, "--json", cwd=cwd, env=env, check=True).stdout)
-        if state["state"] in ENDED:
-            return state, held
-        if state["state"] == "PENDING" and state.get("reason") == "BeginTime":
-            held = held or run_cli("status", job_id, cwd=cwd, env=env, check=True).stdout
-            if set(cluster.node_states().values()) == {"idle"}:
-                time.sleep(2)     # starting it before the nodes cleaned up fails the launch
-                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                               env=env, capture_output=True)
-        time.sleep(1.5)
-    raise AssertionError(f"job {job_id} still {state['state']} after {timeout}s")
-
-
 @pytest.fixture(scope="session")
 def preempted_job(local_cluster, tmp_path_factory) -> PreemptedJob:
     """docs/user/preemption.md's preempt-by-hand block, run as written from a copy of
@@ -111,7 +91,14 @@ def preempted_job(local_cluster, tmp_path_factory) -> PreemptedJob:
     try:
         _wait_for_step(work / "runs" / "preemptible" / job_id, 20)
         subprocess.run(lines[1], env=env, check=True)
-        state, held = _follow_through_the_hold(cluster, env, job_id, work)
+        seen: list[str] = []       # `status` while Slurm held the requeued attempt
+
+        def on_hold(_state):
+            if not seen:
+                seen.append(run_cli("status", job_id, cwd=work, env=env, check=True).stdout)
+
+        state = follow_job(env, job_id, work, cluster, timeout=600, on_hold=on_hold)
+        held = seen[0] if seen else ""
     except BaseException:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
         raise
