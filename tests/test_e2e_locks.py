@@ -144,7 +144,8 @@ def refused_submit(env, work, spec, smuggle: str) -> str:
     proc = run_cli("submit", str(spec), cwd=work, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert jobs_in_queue(env) == before and not (work / "runs").exists()
+    # a job an earlier test left finishing may leave the queue meanwhile: no new job is the bar
+    assert set(jobs_in_queue(env)) <= set(before) and not (work / "runs").exists()
     return proc.stderr
 
 
