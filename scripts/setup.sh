@@ -60,6 +60,9 @@ bash "$REPO/scripts/setup_lmod.sh"
 [[ $(id -u) != 0 ]] || bash "$REPO/scripts/test_account.sh"
 
 # ---------------------------------------------------------------- venv + Python packages
+# A new venv starts as a copy of the last one set up from the same inputs (common.sh, venv_seed).
+venv_seed main "$(cat "$REPO/pyproject.toml" "$REPO/scripts/common.sh" "$REPO/scripts/setup.sh" | sha256sum)" \
+  "$(mpirun --version 2>&1 | head -n1)" "${HOROVOD_GPU_OPERATIONS:-}" "$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)"
 make_venv
 PY=$VENV/bin/python
 
@@ -157,3 +160,4 @@ echo "$key" > "$VENV/.horovod-key"
 with="TensorFlow, PyTorch and MPI"
 [[ $gpu_ops == none ]] || with="TensorFlow, PyTorch, MPI and NCCL"
 say "ready: venv $VENV, Horovod $HOROVOD_VERSION with $with ($key)"
+venv_seed_save

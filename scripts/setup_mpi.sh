@@ -56,6 +56,9 @@ for tool in cmake c++ cc; do
 done
 
 # ---------------------------------------------------------------- venv + Python packages
+# A new venv starts as a copy of the last one set up from the same inputs (common.sh, venv_seed).
+venv_seed "mpi-$NAME" "$(cat "$REPO/pyproject.toml" "$REPO/scripts/common.sh" "$REPO/scripts/setup_mpi.sh" | sha256sum)" \
+  "$MPI_PACKAGE-$MPI_VERSION at $MPI_PREFIX"
 make_venv
 PY=$VENV/bin/python
 # The prefix's bin/ first: its mpicc, mpicxx and mpirun/mpiexec are this MPI's (the wheel's).
@@ -198,3 +201,4 @@ EOF
 if cmp -s "$tmp" "$SITE_DIR/profile.yaml"; then rm -f "$tmp"; else mv -f "$tmp" "$SITE_DIR/profile.yaml"; fi
 chmod 644 "$SITE_DIR/profile.yaml"
 say "ready: venv $VENV ($FAMILY $MPI_VERSION in $MPI_PREFIX, Horovod $HOROVOD_VERSION), site profile $SITE_DIR/profile.yaml"
+venv_seed_save
