@@ -42,12 +42,13 @@ make_venv() {
 # the checkout that made it) is not in the seed; the set-up installs it as it would anyway.
 #
 # venv_seed NAME KEYPARTS...: before make_venv. Sets SEED to the seed's directory for NAME and
-# these inputs, and seeds a missing $VENV from it when it exists (on the same file system).
+# these inputs, and seeds a missing $VENV from it when it exists (on the same file system);
+# SEEDED=1 then. The key must name everything the venv's packages depend on.
 # venv_seed_save: after the set-up passed; keeps $VENV as the seed if it was made from scratch.
 # HPCSUITE_VENV_SEED=0 turns both off.
 venv_seed() {
   local name=$1; shift
-  SEED=
+  SEED= SEEDED=0
   [[ ${HPCSUITE_VENV_SEED:-1} != 0 ]] || return 0
   local key
   key=$(printf '%s\n' "$@" "$("$PYTHON" -VV 2>&1)" | sha256sum | cut -c1-16)
@@ -70,6 +71,7 @@ venv_seed() {
   { grep -lIF -- "$from" "$VENV.partial"/bin/* "$VENV.partial/pyvenv.cfg" 2>/dev/null || true; } \
     | while read -r f; do sed -i "s|$from|$VENV|g" "$f"; done
   mv "$VENV.partial" "$VENV"
+  SEEDED=1
   say "venv $VENV copied from the set-up cache ($SEED)"
 }
 

@@ -78,7 +78,8 @@ stamp=$VENV/.hpcsuite-pyproject.sha
 sum=$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! "$PY" -c 'import hpcsuite' 2>/dev/null; then
   say "installing hpcsuite (editable) with test extras"
-  pip_q -e "$REPO[test]"
+  # A seeded venv has every dependency of this pyproject.toml (its key): hpcsuite alone.
+  if ((SEEDED)); then pip_q --no-deps -e "$REPO"; else pip_q -e "$REPO[test]"; fi
   echo "$sum" > "$stamp"
 fi
 # Byte-compile hpcsuite as a wheel install would: an editable install under
