@@ -32,7 +32,7 @@ def test_fifty_submits_at_once_are_all_recorded_and_listed(local_cluster, tmp_pa
         lines = (tmp_path / ".hpcsuite" / "runs.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         assert sorted(r["job_id"] for r in records) == sorted(ids)
-        for r in records[:3]:
+        for r in records:
             assert r["spec"] == str(tmp_path / "held.yaml") and r["name"] == "held"
             assert (tmp_path / r["run_dir"] / "job.sbatch").is_file()
             assert json.loads((tmp_path / r["run_dir"] / "profile.json").read_text())["mpi"]
