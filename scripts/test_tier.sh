@@ -57,7 +57,11 @@ pytest_stage() {
   [[ $rc == 0 ]] && RAN=1
   return "$rc"
 }
-if ! pytest_stage unit 25 env "${unit_env[@]}" "$PY" -m pytest -m "not e2e" "${EXTRA[@]}"; then
+# The unit tests run in UNIT_WORKERS processes (pytest-xdist; default: 2, or 0 on one core):
+# they share nothing but the machine. The e2e tests share one Slurm cluster and run in order.
+UNIT_WORKERS=${UNIT_WORKERS:-$(( $(nproc) >= 2 ? 2 : 0 ))}
+if ! pytest_stage unit 25 env "${unit_env[@]}" "$PY" -m pytest -m "not e2e" -n "$UNIT_WORKERS" \
+    "${EXTRA[@]}"; then
   FAILED=1; echo "==== the unit stage failed: the end-to-end stages do not run"; finish
 fi
 pytest_stage e2e 50 env "${unit_env[@]}" "$PY" -m pytest -m "$e2e_mark" --maxfail="$MAXFAIL" \
