@@ -1,4 +1,4 @@
-"""`hpcsuite cluster`: the project's own local two-node Slurm cluster."""
+"""`hpcsuite cluster`: the project's own local Slurm cluster (2 nodes, or up to 64)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import click
 from . import emit_json, main
 
 
-def _cluster(port, gpus: int = 0, fabric: str | None = None):
+def _cluster(port, gpus: int = 0, fabric: str | None = None, nodes: int | None = None):
     from ..site.cluster import DEFAULT_PORT, LocalCluster, cluster_dir
 
-    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT, gpus=gpus, fabric=fabric)
+    return LocalCluster(cluster_dir(), port=port or DEFAULT_PORT, gpus=gpus, fabric=fabric,
+                        nodes=nodes)
 
 
 def _running_fabric():
@@ -26,13 +27,15 @@ def _running_fabric():
 
 
 port_option = click.option("--port", type=click.IntRange(1024, 65000), default=None,
-                           help="slurmctld port; the two slurmd use the next two (default 16817).")
+                           help="slurmctld port (default 16817); node1's and node2's slurmd use "
+                                "the next two, MariaDB and slurmdbd the two after, node3 and "
+                                "later the ports after those.")
 
 
 @main.group()
 def cluster():
-    """A local Slurm cluster (munge, MariaDB + slurmdbd for accounting, slurmctld, two
-    virtual nodes) for demos and tests.
+    """A local Slurm cluster (munge, MariaDB + slurmdbd for accounting, slurmctld, 2 to 64
+    virtual nodes) for demos, tests and scale benchmarks.
 
     State, config, database and logs live in $HPCSUITE_CLUSTER_DIR
     (default /var/lib/hpcsuite/cluster, which every account can read: jobs run as the
@@ -45,7 +48,11 @@ def cluster():
 @cluster.command()
 @port_option
 @click.option("--timeout", type=float, default=60, show_default=True,
-              help="Seconds to wait for both nodes to be idle.")
+              help="Seconds to wait for every node to be idle.")
+@click.option("--nodes", type=click.IntRange(2, 64), default=None,
+              help="Virtual nodes, each a slurmd of its own with 1 core (or one a GPU), "
+                   "pinned in turn to this machine's cores  [default: 2, or as many as the "
+                   "cluster had]. Changing it needs `cluster down`.")
 @click.option("--gpus", type=click.IntRange(0, 8), default=0, show_default=True,
               help="GPUs per node declared to Slurm (gres gpu), backed by device files the "
                    "cluster makes in its own directory (nothing under /dev): jobs get "
@@ -58,13 +65,13 @@ def cluster():
                    "traffic between the nodes crosses a real, rate-limited link. Needs root. "
                    "Without it the nodes talk over loopback. `cluster fabric RATE` changes "
                    "the rate of a running cluster.")
-def up(port, timeout, gpus, fabric):
+def up(port, timeout, gpus, fabric, nodes):
     """Start the cluster (harmless when it already runs)."""
     if fabric is not None:
         from ..site.fabric import rate_bps
 
         rate_bps(fabric)
-    c = _cluster(port, gpus, fabric)
+    c = _cluster(port, gpus, fabric, nodes)
     for note in c.up(timeout=timeout):
         click.echo(note)
     click.echo(f"nodes: {', '.join(f'{n}={s}' for n, s in c.node_states().items())}"

@@ -1,7 +1,8 @@
-"""A real two-node Slurm cluster on this one machine, owned by hpcsuite, for demos and tests.
+"""A real Slurm cluster of 2 to 64 nodes on this one machine, owned by hpcsuite, for demos,
+tests and scale benchmarks.
 
 munged, MariaDB and slurmdbd (accounting, so ``sacct`` answers as on a real cluster),
-slurmctld and two ``slurmd -N nodeX`` (Debian's slurmd supports several per host) run with
+slurmctld and one ``slurmd -N nodeX`` a node (Debian's slurmd supports several per host) run with
 config, keys, database, state, spool and logs all under one directory (``cluster_dir()``),
 never touching /etc/slurm, /etc/munge or the system's MariaDB. Slurm's commands reach it
 through ``SLURM_CONF``, and jobs render with the cluster's own site profile
@@ -26,13 +27,13 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import UserError
-from .daemons import (Daemon, affinity, alive, closed_to_others, end_jobs, is_ours,
-                      listening, port_taken, which)
+from .daemons import (Daemon, affinity, alive, closed_to_others, end_jobs, failure_line,
+                      is_ours, listening, port_taken, which)
 from .fabric import LocalFabric
 from .horovod_mpi import flavour_on_path
-from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, NODES, TASK_PROLOG, gpu_devices,
-                         make_device, render_conf, render_dbd_conf, render_gres_conf,
-                         render_profile)
+from .slurm_conf import (DB_NAME, DB_OFFSET, DB_USER, DBD_OFFSET, TASK_PROLOG, gpu_devices,
+                         declared, make_device, node_names, node_port, render_conf,
+                         render_dbd_conf, render_gres_conf, render_profile)
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,22 @@ def cluster_dir() -> Path:
 
 class LocalCluster:
     def __init__(self, root: Path, port: int = DEFAULT_PORT, accounting: bool | None = None,
-                 gpus: int = 0, fabric: str | None = None):
+                 gpus: int = 0, fabric: str | None = None, nodes: int | None = None):
         self.root = Path(root)
         self.port = port
         self.gpus = gpus         # GPUs per node declared to Slurm (gres), backed by device files
+        self.conf = self.root / "etc" / "slurm.conf"
+        # --nodes N; without it, as many as the cluster's slurm.conf names (2 for a new one).
+        # A running cluster keeps its nodes: `up` says how to change them.
+        self.asked_nodes = nodes
+        recorded = self.recorded_nodes()
+        if nodes is None or (recorded not in (None, nodes) and self._ctld_pid() is not None):
+            nodes = recorded or 2
+        self.nodes = node_names(nodes)
         # --fabric RATE: each node in a network namespace on a link shaped to RATE (fabric.py);
         # without it, the fabric the running cluster was started with (None: loopback)
-        self.asked_fabric = LocalFabric(port, fabric, NODES) if fabric else None
+        self.asked_fabric = LocalFabric(port, fabric, self.nodes) if fabric else None
         self.fabric = self.asked_fabric or LocalFabric.recorded(self.root)
-        self.conf = self.root / "etc" / "slurm.conf"
         self.profile = self.root / "etc" / "hpcsuite" / "profile.yaml"
         # Beside the pid files, not in munge/ (the key's, mode 700): every account's Slurm
         # commands connect to it.
@@ -117,7 +125,7 @@ class LocalCluster:
             # slurmdbd reads slurmdbd.conf beside SLURM_CONF (it has no option for a path).
             ds.append(Daemon("slurmdbd", ("slurmdbd", "-D"), "slurmdbd"))
         ds.append(Daemon("slurmctld", ("slurmctld", "-D", "-f", str(self.conf)), "slurmctld"))
-        for i, n in enumerate(NODES):
+        for i, n in enumerate(self.nodes):
             argv = ("slurmd", "-D", "-N", n, "-f", str(self.conf))
             ds.append(Daemon(f"slurmd-{n}", self.fabric.wrap(n, argv) if self.fabric else argv,
                              "slurmd", node_cpus(i)))
@@ -125,7 +133,7 @@ class LocalCluster:
 
     def ports(self) -> dict[str, int]:
         ports = {"slurmctld": self.port}
-        ports.update({f"slurmd-{n}": self.port + i + 1 for i, n in enumerate(NODES)})
+        ports.update({f"slurmd-{n}": node_port(self.port, i) for i, n in enumerate(self.nodes)})
         if self.accounting:
             ports.update(mariadbd=self.port + DB_OFFSET, slurmdbd=self.port + DBD_OFFSET)
         return ports
@@ -134,8 +142,8 @@ class LocalCluster:
         """(slurmctld's address, each node's): loopback, or the fabric's subnet."""
         f = self.fabric
         if f is None:
-            return "127.0.0.1", {n: "127.0.0.1" for n in NODES}
-        return f.controller_addr, {n: f.addr(n) for n in NODES}
+            return "127.0.0.1", {n: "127.0.0.1" for n in self.nodes}
+        return f.controller_addr, {n: f.addr(n) for n in self.nodes}
 
     def _db_password(self) -> str:
         path = self._path("db", "password")
@@ -146,7 +154,7 @@ class LocalCluster:
 
     def _prepare(self) -> None:
         for d in ("etc/hpcsuite", "munge", "run", "log", "state", "db",
-                  *[f"spool/{n}" for n in NODES], *[f"tmp/{n}" for n in NODES]):
+                  *[f"spool/{n}" for n in self.nodes], *[f"tmp/{n}" for n in self.nodes]):
             self._path(d).mkdir(parents=True, exist_ok=True)
         # What every account reads (config, profile, the munge socket's directory) is open to
         # all, whatever root's umask; the munge key and the database are root's.
@@ -162,17 +170,18 @@ class LocalCluster:
                                          self.accounting, self.gpus, self.addresses()))
         gres = self._path("etc", "gres.conf")      # slurmd reads it beside slurm.conf
         if self.gpus:
-            for n in NODES:
+            for n in self.nodes:
                 for device in gpu_devices(self.root, n, self.gpus):
                     make_device(device)
-            gres.write_text(render_gres_conf(self.root, self.gpus))
+            gres.write_text(render_gres_conf(self.root, self.gpus, self.nodes))
         else:
             gres.unlink(missing_ok=True)
         prolog = self._path("etc", "task_prolog.sh")
         prolog.write_text(TASK_PROLOG)
         os.chmod(prolog, 0o755)
         self.profile.write_text(render_profile(self.gpus, flavour_on_path(dict(os.environ)),
-                                               self.fabric.rate if self.fabric else None))
+                                               self.fabric.rate if self.fabric else None,
+                                               len(self.nodes)))
         for path in (self.conf, gres, self.profile):
             if path.exists():
                 os.chmod(path, 0o644)
@@ -215,6 +224,13 @@ class LocalCluster:
         except (OSError, ValueError):
             return None
         return pid if is_ours(pid, d.program, str(self.root)) else None
+
+    def _ctld_pid(self) -> int | None:
+        return self._pid(Daemon("slurmctld", (), "slurmctld"))
+
+    def recorded_nodes(self) -> int | None:
+        """How many nodes the cluster's slurm.conf names (None before its first start)."""
+        return declared(self.conf)[0]
 
     def states(self) -> dict[str, int | None]:
         return {d.name: self._pid(d) for d in self.daemons()}
@@ -276,6 +292,9 @@ class LocalCluster:
     def _running_notes(self, states: dict[str, int | None]) -> list[str]:
         """What `up` says of a cluster that already runs, and how it differs from the ask."""
         notes = [f"cluster already up ({self.root})"]
+        if self.asked_nodes not in (None, len(self.nodes)):
+            notes.append(f"it runs with {len(self.nodes)} nodes, not {self.asked_nodes}: "
+                         "`hpcsuite cluster down` and up again to change it")
         if self.declared_gpus() != self.gpus:
             notes.append(f"it runs with {self.declared_gpus()} GPUs per node, not "
                          f"{self.gpus}: `hpcsuite cluster down` and up again to change it")
@@ -314,17 +333,11 @@ class LocalCluster:
     def fabric_words(self) -> str:
         f = self.fabric_running()
         return "on loopback (no --fabric)" if f is None else \
-            f"with --fabric {f.rate} (nodes {', '.join(f'{n}={f.addr(n)}' for n in NODES)})"
+            f"with --fabric {f.rate} (nodes {', '.join(f'{n}={f.addr(n)}' for n in f.nodes)})"
 
     def declared_gpus(self) -> int:
         """GPUs per node the running configuration declares (0 when none or no config)."""
-        import re
-
-        try:
-            found = re.search(r" Gres=gpu:(\d+)", self.conf.read_text())
-        except OSError:
-            return 0
-        return int(found.group(1)) if found else 0
+        return declared(self.conf)[1]
 
     def _start(self, d: Daemon) -> None:
         log_path = self._path("log", f"{d.name}.out")
@@ -357,22 +370,7 @@ class LocalCluster:
 
     def _why(self, d: Daemon) -> str:
         """The most telling log line of a daemon that failed."""
-        candidates = [self._path("log", f"{d.name}.out")]
-        if d.name == "munged":
-            candidates.append(self._path("log", "munged.log"))
-        elif d.name in ("slurmctld", "slurmdbd", "mariadbd"):
-            candidates.append(self._path("log", f"{d.name}.log"))
-        else:
-            candidates.append(self._path("log", f"{d.name}.log"))
-        lines: list[str] = []
-        for path in candidates:
-            try:
-                lines += path.read_text(errors="replace").splitlines()[-50:]
-            except OSError:
-                pass
-        bad = [l for l in lines if any(w in l.lower() for w in ("fatal", "error"))]
-        pick = (bad or lines or ["no log output"])[-1].strip()
-        return f"{pick} (logs in {self._path('log')})"
+        return failure_line(self._path("log"), d.name)
 
     def _wait_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -384,7 +382,7 @@ class LocalCluster:
             done = slurm.call(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(),
                               timeout=15, check=False)
             nodes = slurm.parse_sinfo_nodes(done.stdout)
-            if nodes and all(nodes.get(n) in ("idle", "mixed", "allocated") for n in NODES):
+            if nodes and all(nodes.get(n) in ("idle", "mixed", "allocated") for n in self.nodes):
                 return
             for n, state in nodes.items():
                 if state in ("down", "drained", "draining", "drain"):

@@ -109,3 +109,18 @@ def end_jobs(env: dict, wait: float = 15.0) -> int:
         while jobs() and time.monotonic() < deadline:
             time.sleep(0.5)
     return len(found)
+
+
+def failure_line(log_dir: Path, name: str) -> str:
+    """The most telling line of daemon ``name``'s logs in ``log_dir`` (its captured output and
+    its own log): the last fatal or error line, else the last line."""
+    candidates = [log_dir / f"{name}.out", log_dir / f"{name}.log"]
+    lines: list[str] = []
+    for path in candidates:
+        try:
+            lines += path.read_text(errors="replace").splitlines()[-50:]
+        except OSError:
+            pass
+    bad = [l for l in lines if any(w in l.lower() for w in ("fatal", "error"))]
+    pick = (bad or lines or ["no log output"])[-1].strip()
+    return f"{pick} (logs in {log_dir})"

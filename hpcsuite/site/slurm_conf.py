@@ -12,12 +12,26 @@ from pathlib import Path
 
 from ..errors import UserError
 
-NODES = ("node1", "node2")   # slurmd of node i listens on slurmctld's port + i + 1
+MAX_NODES = 64              # `cluster up --nodes N`: 2 <= N <= 64 virtual nodes
+
+
+def node_names(count: int = 2) -> tuple[str, ...]:
+    """node1 .. node<count>."""
+    return tuple(f"node{i}" for i in range(1, count + 1))
+
+
+NODES = node_names(2)        # the default cluster, and the test suite's
 PARTITION = "debug"
 # A second partition on the same nodes: what a site's partition lock keeps jobs out of (tests).
 OTHER_PARTITION = "other"
 CLUSTER_NAME = "hpcsuite"
 DB_OFFSET, DBD_OFFSET = 3, 4  # MariaDB and slurmdbd on slurmctld's port + 3 and + 4
+
+
+def node_port(port: int, index: int) -> int:
+    """The slurmd port of node ``index`` (0-based): node1 and node2 on slurmctld's port + 1 and
+    + 2 (as ever), node3 and later after slurmdbd's, from + 5 on."""
+    return port + index + 1 if index < 2 else port + DBD_OFFSET + index - 1
 DB_NAME, DB_USER = "slurm_acct_db", "slurm"
 
 # Jobs on this cluster run as root (it is started by root and SlurmUser=root); OpenMPI's
@@ -38,9 +52,10 @@ LOOPBACK = ("127.0.0.1", {n: "127.0.0.1" for n in NODES})
 
 def render_conf(root: Path, port: int, host: str, munge_socket: Path, accounting: bool,
                 gpus: int = 0, addrs: tuple[str, dict[str, str]] = LOOPBACK) -> str:
-    """slurm.conf: everything under ``root``, slurmctld on ``port``, both nodes on ``host``;
+    """slurm.conf: everything under ``root``, slurmctld on ``port``, the nodes on ``host``;
     ``gpus`` per node declared to Slurm as gres (:func:`render_gres_conf`); ``addrs``:
-    slurmctld's address and each node's (loopback, or a fabric's namespaces)."""
+    slurmctld's address and each node's, in order (loopback, or a fabric's namespaces): the
+    nodes are its keys."""
     r = root
     ctl, nodes = addrs
     lines = [
@@ -112,13 +127,28 @@ def _node_and_partition_lines(port: int, host: str, gpus: int,
                               addrs: dict[str, str]) -> list[str]:
     # With GPUs, a node has a core per GPU, so one rank per GPU fits (on this machine's cores).
     shape = f"CPUs={gpus} Gres=gpu:{gpus}" if gpus else "CPUs=1"
+    nodes = list(addrs)
     lines = [f"NodeName={n} NodeHostname={host} NodeAddr={addrs[n]} "
-             f"Port={port + i + 1} {shape} State=UNKNOWN" for i, n in enumerate(NODES)]
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
+             f"Port={node_port(port, i)} {shape} State=UNKNOWN" for i, n in enumerate(nodes)]
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES "
                  "MaxTime=INFINITE State=UP")
-    lines.append(f"PartitionName={OTHER_PARTITION} Nodes={','.join(NODES)} Default=NO "
+    lines.append(f"PartitionName={OTHER_PARTITION} Nodes={','.join(nodes)} Default=NO "
                  "MaxTime=INFINITE State=UP")
     return lines
+
+
+def declared(conf: Path) -> tuple[int | None, int]:
+    """(nodes, GPUs per node) a slurm.conf written by :func:`render_conf` declares; (None, 0)
+    when there is none."""
+    import re
+
+    try:
+        text = conf.read_text()
+    except OSError:
+        return None, 0
+    gpus = re.search(r" Gres=gpu:(\d+)", text)
+    return (sum(l.startswith("NodeName=") for l in text.splitlines()) or None,
+            int(gpus.group(1)) if gpus else 0)
 
 
 def gpu_devices(root: Path, node: str, gpus: int) -> list[Path]:
@@ -144,10 +174,10 @@ def make_device(path: Path) -> None:
                         f"({e.strerror}); `cluster up --gpus` needs root") from None
 
 
-def render_gres_conf(root: Path, gpus: int) -> str:
+def render_gres_conf(root: Path, gpus: int, nodes: tuple[str, ...] = NODES) -> str:
     """gres.conf: each node's GPUs, by their device files."""
     lines = ["# Written by `hpcsuite cluster up --gpus N`; regenerated on every start."]
-    for n in NODES:
+    for n in nodes:
         lines += [f"NodeName={n} Name=gpu File={f}" for f in gpu_devices(root, n, gpus)]
     return "\n".join(lines) + "\n"
 
@@ -183,29 +213,31 @@ FABRIC_SOURCE = ("nominal: TCP over loopback between the two virtual nodes on on
                  "its two cores")
 
 
-def node_shape(gpus: int = 0) -> str:
+def node_shape(gpus: int = 0, count: int = 2) -> str:
     """The nodes in words, as slurm.conf declares them (a core per GPU with GPUs)."""
     cores = gpus or 1
-    text = f"two {cores}-core nodes"
+    text = f"{'two' if count == 2 else count} {cores}-core nodes"
     return text + (f" with {gpus} GPU{'s' if gpus > 1 else ''} each" if gpus else "")
 
 
-def render_profile(gpus: int = 0, flavour: str | None = None, fabric: str | None = None) -> str:
+def render_profile(gpus: int = 0, flavour: str | None = None, fabric: str | None = None,
+                   nodes: int = 2) -> str:
     """The local cluster's site profile: its partitions, its fabric and the partition a job
     without one goes to, as a site describes its own; ``flavour``: the ``mpi.flavour`` of the
     MPI on this machine when it is not the default (Open MPI 4), as on Debian 13 (Open MPI 5);
-    ``fabric``: the rate its nodes' links are shaped to (``cluster up --fabric``)."""
+    ``fabric``: the rate its nodes' links are shaped to (``cluster up --fabric``); ``nodes``:
+    how many (``cluster up --nodes``)."""
     shape = f"cpus_per_node: {gpus}, gpus_per_node: {gpus}" if gpus else "cpus_per_node: 1"
     which = f"  flavour: {flavour}   # the MPI on this machine (mpirun --version)\n" if flavour else ""
     parts = "\n".join(f"  {p}: {{{shape}}}" for p in (PARTITION, OTHER_PARTITION))
     return ("# Written by `hpcsuite cluster up`: the site profile of the local development\n"
-            f"# cluster ({node_shape(gpus)} on this machine). `hpcsuite cluster env` points\n"
+            f"# cluster ({node_shape(gpus, nodes)} on this machine). `hpcsuite cluster env` points\n"
             "# HPCSUITE_PROFILE here.\n"
             "name: local\n"
             "contact: hpcsuite cluster (docs/CLUSTER.md)\n"
             "mpi:\n"
             f"{which}"
-            "  nodes_share_host: true   # node1 and node2 are one machine: each its own MPI segments\n"
+            f"  nodes_share_host: true   # {'node1 and node2 are' if nodes == 2 else 'its nodes are'} one machine: each its own MPI segments\n"
             f"partitions:\n{parts}\n"
             f"# Slurm's default partition ({PARTITION}), named so a job without one is checked\n"
             "# against it (and lint does not warn that none is set).\n"
