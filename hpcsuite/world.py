@@ -35,6 +35,7 @@ class World:
     array_task_id: str | None = None  # SLURM_ARRAY_TASK_ID
     attempt: int = 0                  # how often Slurm requeued the job (SLURM_RESTART_COUNT)
     started_by: str = "none"          # openmpi, hydra, pmix, pmi2, slurm or none (one process)
+    nodes: tuple[str, ...] = ()       # the job's nodes in Slurm's order (SLURM_JOB_NODELIST)
 
 
 def _int(env, name: str, default: int | None = None) -> int | None:
@@ -92,7 +93,47 @@ def from_env(env=os.environ, hostname: str | None = None) -> World:
                  cluster=env.get("SLURM_CLUSTER_NAME") or None,
                  array_job_id=env.get("SLURM_ARRAY_JOB_ID") or None,
                  array_task_id=env.get("SLURM_ARRAY_TASK_ID") or None,
-                 attempt=_int(env, "SLURM_RESTART_COUNT", 0) or 0, started_by=started_by)
+                 attempt=_int(env, "SLURM_RESTART_COUNT", 0) or 0, started_by=started_by,
+                 nodes=tuple(expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get(
+                     "SLURM_NODELIST") or "")))
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list, expanded in its order: ``node[1-3,7],gpu[01-02]`` is
+    node1, node2, node3, node7, gpu01, gpu02; several bracketed ranges in one name multiply
+    (``r[1-2]n[1-2]``: r1n1, r1n2, r2n1, r2n2); a range keeps its zero padding. [] for text
+    that is not one (the caller then has no node list, as outside Slurm). Written here, not
+    taken from python-hostlist: that is GPL-2.0 and only an sdist, for twenty lines."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            return []
+        if ch == "," and depth == 0:
+            item, start = text[start:i].strip(), i + 1
+            expanded = _expand_one(item) if item else []
+            if expanded is None:
+                return []
+            names += expanded
+    return names if depth == 0 else []
+
+
+def _expand_one(item: str) -> list[str] | None:
+    head, bracket, rest = item.partition("[")
+    if not bracket:
+        return [item]
+    ranges, close, tail = rest.partition("]")
+    tails = _expand_one(tail) if close else None
+    if tails is None:
+        return None
+    out = []
+    for part in ranges.split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            return None
+        for n in range(int(low), int(high if dash else low) + 1):
+            out += [f"{head}{n:0{len(low)}d}{t}" for t in tails]
+    return out
 
 
 def current() -> World:

@@ -38,14 +38,31 @@ def test_the_listener_answers_and_a_closed_port_does_not(tmp_path, monkeypatch):
     assert nw.answers({"addrs": [], "port": 1}) == "no address recorded"
 
 
-def test_peers_are_the_other_nodes_lowest_ranks(tmp_path):
-    d = RunDir(tmp_path)
-    for rank, node in [(0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")]:
-        path = d.net_peer(0, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rank": rank, "node": node, "port": 1, "addrs": []}))
-    d.net_peer(0, 9).write_text("{broken")
-    assert {n: r["rank"] for n, r in nw.peers(tmp_path, 0, "node1").items()} == {"node2": 2}
+def record(tmp_path, node, port=1, rank=0):
+    path = RunDir(tmp_path).attempt_file(0, "net", node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "node": node, "port": port,
+                                "addrs": ["127.0.0.1"]}))
+
+
+def test_a_node_watches_its_two_neighbours_in_the_ring(tmp_path):
+    """Issue 53, point 3: at any size, a node asks the next and the previous node in Slurm's
+    order, reading their two records, not every node's."""
+    nodes = [f"node{i}" for i in range(1, 33)]
+    for name in nodes:
+        record(tmp_path, name)
+    ring = nw.Ring(tmp_path, 0, "node1", nodes)
+    assert ring.neighbours() == ["node2", "node32"]
+    assert set(ring.records) == {"node2", "node32"}          # two records read
+    assert nw.Ring(tmp_path, 0, "node7", nodes).neighbours() == ["node8", "node6"]
+    assert nw.Ring(tmp_path, 0, "node1", nodes[:2]).neighbours() == ["node2"]
+    assert nw.Ring(tmp_path, 0, "node1", nodes[:1]).neighbours() == []
+    assert nw.Ring(tmp_path, 0, "node1", []).neighbours() == []     # outside Slurm
+    # a neighbour that finished, one without a record, one broken: the next along the ring
+    nw.finished(tmp_path, 0, "node8")
+    RunDir(tmp_path).attempt_file(0, "net", "node9").unlink()
+    RunDir(tmp_path).attempt_file(0, "net", "node6").write_text("{broken")
+    assert nw.Ring(tmp_path, 0, "node7", nodes).neighbours() == ["node10", "node5"]
 
 
 def test_who_is_named():
@@ -88,16 +105,13 @@ def run_watch(tmp_path, monkeypatch, peer_port, close=None):
     monkeypatch.setattr(nw, "MIN_STALL_SECONDS", 0.3)
     monkeypatch.setattr(nw, "TICK", 0.05)
     monkeypatch.setattr(nw, "controller_answers", lambda: True)
-    peer = RunDir(tmp_path).net_peer(0, 1)
-    peer.parent.mkdir(parents=True, exist_ok=True)
-    peer.write_text(json.dumps({"rank": 1, "node": "node2", "port": peer_port,
-                                "addrs": ["127.0.0.1"]}))
+    record(tmp_path, "node2", peer_port, rank=1)
     failed = []
     done = threading.Event()
     nw.beat()
     nw.beat()
     thread = nw.watch(tmp_path, 0, 0, "node1", lambda text: (failed.append(text), done.set()),
-                      stop=STOPS[-1])
+                      STOPS[-1], nodes=["node1", "node2"])
     if thread is not None:
         THREADS.append(thread)
     if close is not None:       # the peer answered while training ran; now it is gone
@@ -124,7 +138,7 @@ def test_a_peer_that_never_answered_is_not_watched(tmp_path, monkeypatch, caplog
     assert failed == []
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith("network watch: node2's port does not answer")
-    assert json.loads(RunDir(tmp_path).net_peer(0, 0).read_text())["node"] == "node1"
+    assert json.loads(RunDir(tmp_path).attempt_file(0, "net", "node1").read_text())["node"] == "node1"
 
 
 def test_a_stall_with_every_peer_answering_is_left_alone(tmp_path, monkeypatch, caplog):
@@ -138,7 +152,7 @@ def test_a_stall_with_every_peer_answering_is_left_alone(tmp_path, monkeypatch, 
             time.sleep(0.5)
     assert failed == []
     said = [r.getMessage() for r in caplog.records if "not a network fault" in r.getMessage()]
-    assert len(said) == 1 and "every node answers (node2)" in said[0]
+    assert len(said) == 1 and "the neighbours answer (node2)" in said[0]
 
 
 def listening() -> socket.socket:
@@ -156,7 +170,7 @@ def test_a_peer_that_finished_is_not_taken_for_one_that_died(tmp_path, monkeypat
     peer = listening()
 
     def finish_and_exit():
-        nw.finished(tmp_path, 0, 1)        # what train.main does before the process ends
+        nw.finished(tmp_path, 0, "node2")  # what the lifecycle's over() does first
         peer.close()
 
     with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.observe.netwatch"):
@@ -164,27 +178,60 @@ def test_a_peer_that_finished_is_not_taken_for_one_that_died(tmp_path, monkeypat
         time.sleep(0.5)
     assert failed == []
     said = [r.getMessage() for r in caplog.records]
-    assert any("every other node's ranks have finished: nothing left to watch" in s for s in said)
+    assert any("every other node has finished or is not watched: nothing left to watch" in s
+               for s in said)
 
 
-def test_a_node_is_watched_through_its_ranks_that_have_not_finished(tmp_path, monkeypatch):
+def test_a_neighbour_that_finished_is_replaced_by_the_next_along_the_ring(tmp_path, monkeypatch):
+    """node2 finished and closed its port; node3, the next along the ring, is asked instead,
+    and a refusal there (its rank died without finishing) is a verdict naming node3."""
     first, second = listening(), listening()
+    record(tmp_path, "node3", second.getsockname()[1], rank=2)
     port = second.getsockname()[1]
-    rec = RunDir(tmp_path).net_peer(0, 2)
-    rec.parent.mkdir(parents=True, exist_ok=True)
-    rec.write_text(json.dumps({"rank": 2, "node": "node2", "port": second.getsockname()[1],
-                               "addrs": ["127.0.0.1"]}))
+    monkeypatch.setattr(nw, "node_addresses", lambda: ["127.0.0.1"])
+    monkeypatch.setattr(nw, "MIN_STALL_SECONDS", 0.3)
+    monkeypatch.setattr(nw, "TICK", 0.05)
+    monkeypatch.setattr(nw, "controller_answers", lambda: True)
+    record(tmp_path, "node2", first.getsockname()[1], rank=1)
+    failed, done = [], threading.Event()
+    nw.beat()
+    nw.beat()
+    THREADS.append(nw.watch(tmp_path, 0, 0, "node1", lambda t: (failed.append(t), done.set()),
+                            STOPS[-1], nodes=["node1", "node2", "node3"]))
+    time.sleep(0.2)
+    nw.finished(tmp_path, 0, "node2")
+    first.close()
+    time.sleep(0.6)
+    second.close()                          # node3's rank ended without finishing: it died
+    done.wait(3)
+    assert len(failed) == 1 and "error: the ranks on node3 are gone" in failed[0], failed
+    assert f"127.0.0.1:{port} " in failed[0], failed
 
-    def rank_1_finishes_rank_2_dies():
-        nw.finished(tmp_path, 0, 1)
-        first.close()                      # rank 1 is done: node2 is asked through rank 2
-        time.sleep(0.6)
-        second.close()                     # rank 2 ended without finishing: it died
 
-    failed = run_watch(tmp_path, monkeypatch, first.getsockname()[1],
-                       close=rank_1_finishes_rank_2_dies)
-    assert len(failed) == 1 and "error: the ranks on node2 are gone" in failed[0], failed
-    assert f"127.0.0.1:{port} " in failed[0], failed       # the live rank's port was asked
+def test_a_long_stall_with_every_neighbour_answering_backs_off(tmp_path, monkeypatch):
+    """A 60 s save costs a node a few probes: asked again after 2, 4, 8, then every 16 s
+    (here a hundred times faster), not at every tick."""
+    asked = []
+    monkeypatch.setattr(nw, "answers", lambda rec, own=frozenset(): asked.append(time.monotonic()))
+    monkeypatch.setattr(nw, "node_addresses", lambda: ["127.0.0.1"])
+    monkeypatch.setattr(nw, "MIN_STALL_SECONDS", 0.2)
+    monkeypatch.setattr(nw, "TICK", 0.02)
+    monkeypatch.setattr(nw, "MAX_BACKOFF", 0.32)
+    record(tmp_path, "node2", 1, rank=1)
+    nw.beat()
+    nw.beat()
+    THREADS.append(nw.watch(tmp_path, 0, 0, "node1", lambda t: None, STOPS[-1],
+                            nodes=["node1", "node2"]))
+    time.sleep(1.6)                   # ~1.4 s of stall: 70 ticks
+    STOPS[-1].set()
+    gaps = [round(b - a, 2) for a, b in zip(asked[1:], asked[2:])]   # asked[0]: the baseline
+    assert 5 <= len(asked) - 1 <= 10, gaps
+    assert gaps[:4] == pytest.approx([0.02, 0.04, 0.08, 0.16], abs=0.015), gaps
+    assert all(g == pytest.approx(0.32, abs=0.04) for g in gaps[4:]), gaps
+
+
+def test_the_listener_takes_the_systems_backlog():
+    assert nw.backlog() >= 128
 
 
 def test_a_refusal_of_one_address_of_several_is_no_verdict_of_gone():

@@ -9,6 +9,7 @@ import pytest
 
 from hpcsuite.errors import UserError
 from hpcsuite.runs.results import Results
+from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime.session.session import Session
 from hpcsuite.runtime.input.sharding import Cursor
 from hpcsuite.runtime.rank.signals import StopFlag
@@ -238,6 +239,27 @@ def test_a_stopped_runs_results_say_how_it_stopped(tmp_path):
     assert (r.stop["saved"], r.stop["checkpoint_step"]) == (False, None)
 
 
+def test_the_end_of_run_gather_reaches_rank_0_only_through_each_ranks_file(tmp_path):
+    """Issue 53, point 3: rank 0 gets every rank's note, series and all; the others get
+    nothing back, and no rank is handed another's series: each rank's note is its own file."""
+    import json
+
+    def body(rank, ranks):
+        s = session(tmp_path, ranks)
+        sent = []
+        ranks.allgather_object = lambda obj: sent.append(obj)     # not used for the notes
+        got = s.gather(s.note(1.0, None, loss_sums=[float(rank)] * 500, scale=np.float32(0.5)))
+        return got, sent
+
+    got = on_ranks(3, body)
+    assert [g for g, _ in got[1:]] == [None, None] and all(sent == [] for _, sent in got)
+    assert [note["loss_sums"][:2] for note in got[0][0]] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    assert got[0][0][2]["scale"] == 0.5
+    notes = sorted(RunDir(tmp_path / "run").startup(0).glob("note-*.json"))
+    assert [p.name for p in notes] == ["note-0.json", "note-1.json", "note-2.json"]
+    assert json.loads(notes[1].read_text())["loss_sums"] == [1.0] * 500
+
+
 def test_a_restore_on_another_number_of_ranks_says_what_a_step_now_means(tmp_path, caplog):
     """Saved by 3 ranks of 4 x 2 (global batch 24), resumed by 2 (16): rank 0 records and
     logs the change, with what train.max_steps now trains; the same world records none."""
@@ -252,7 +274,8 @@ def test_a_restore_on_another_number_of_ranks_says_what_a_step_now_means(tmp_pat
         def body(rank, ranks):
             s = session(tmp_path, ranks, grad_accumulation=2, max_steps=10)
             s.restore(lambda loaded: None)
-            return s.world_change, s.results(s.gather(s.note(1.0, None)), s.status())
+            gathered = s.gather(s.note(1.0, None))      # rank 0's; None on the others
+            return s.world_change, s.results(gathered, s.status()) if rank == 0 else None
         return on_ranks(size, body)
 
     with caplog.at_level("WARNING", logger="hpcsuite.runtime.session.session"):

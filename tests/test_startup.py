@@ -161,6 +161,36 @@ def test_the_first_rank_to_report_names_the_others(tmp_path):
         "heard from (rank 2: ")
 
 
+def test_the_other_ranks_leave_the_report_to_rank_0_and_read_no_word(tmp_path, monkeypatch):
+    """Issue 53, point 3: one rank reads the words. Rank 1, out of time, writes its word and
+    waits for rank 0's report (the FAILED marker); it reads no other rank's word and reports
+    nothing itself."""
+    watch, stalls = make(tmp_path, 0.2, rank=1, size=3, grace=0.3)
+    reads = []
+    monkeypatch.setattr(watch, "words", lambda: reads.append(1) or {})
+    watch.mark(BEFORE_STEP)
+    watch.start()
+    word_path = RunDir(tmp_path).startup_word(0, 1)
+    deadline = time.monotonic() + 5
+    while not word_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    RunDir(tmp_path).failed(0).write_text("rank 0\nexit 1\nranks stopped ...\n")
+    time.sleep(1.5)                             # past 3 graces: it would have reported by now
+    assert json.loads(word_path.read_text())["rank"] == 1
+    assert stalls.texts == [] and reads == []
+
+
+def test_a_rank_reports_itself_when_rank_0_does_not(tmp_path):
+    """Rank 0 never started (or is stuck where its threads cannot run): after three graces
+    without its report, rank 1 reads the words and names the ranks."""
+    watch, stalls = make(tmp_path, 0.2, rank=1, size=2, grace=0.2)
+    watch.mark(BEFORE_STEP)
+    watch.start()
+    assert stalls.event.wait(5)
+    assert stalls.texts[0].startswith("ranks stopped before the first step (rank 1), not heard "
+                                      "from (rank 0: ")
+
+
 def test_the_null_watch_hears_nothing_and_is_the_default_everywhere():
     import inspect
 

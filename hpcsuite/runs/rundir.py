@@ -309,8 +309,8 @@ class RunDir:
     def startup_word(self, attempt: int | str, rank: int) -> Path:
         return self.startup(attempt) / rank_record_name(rank)
 
-    def net_peer(self, attempt: int | str, rank: int | str) -> Path:
-        return self.startup(attempt) / f"net-{rank}.json"
+    def attempt_file(self, attempt: int | str, kind: str, who: int | str) -> Path:
+        return self.startup(attempt) / f"{kind}-{who}.json"   # net-NODE, note-RANK
 
     def startup_words(self, attempt: int | str) -> list[Path]:
         return sorted(self.startup(attempt).glob(rank_record_name("*")))

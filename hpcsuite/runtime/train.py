@@ -20,10 +20,10 @@ from ..runs.attempts import attempt_number
 from ..runs.results import mark_failed
 from ..runs.rundir import ENV, RunDir
 from ..submit.spec import JobSpec
-from ..world import World, current
-from .observe import failwatch, netwatch
+from ..world import current
 from .frameworks.managed import make_backend
 from .rank import startup
+from .rank.lifecycle import Lifecycle
 from .rank.job_io import hostname, load_job, publish
 from .observe.monitor import end_all
 from .rank.placement import place
@@ -32,9 +32,6 @@ from .rank.signals import FLAG, announce_ready
 from .rank.userframes import user_site, user_traceback
 
 log = logging.getLogger(__name__)
-
-NETWORK_EXIT = 1     # a node lost its network: a failure like a crash (max_failures requeues it)
-
 
 def main(job_path: str) -> None:
     job = load_job(job_path)
@@ -47,14 +44,10 @@ def main(job_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format=log_format,
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
-    watch = watch_startup(job, run_dir, world)   # train.startup_timeout_seconds' clock starts
-    # Another rank's failure ends this one at once: nothing is left to save, and the launcher
-    # would take 10 s more to kill a rank waiting in an allreduce (runtime/observe/failwatch.py).
-    failwatch.watch(run_dir, rank, world.attempt)
-    # A node that lost its network: named in seconds, not at Slurm's node timeout or the time
-    # limit, while every rank waits in an allreduce (runtime/observe/netwatch.py).
-    netwatch.watch(run_dir, rank, world.attempt, world.node,
-                   lambda text: fail(run_dir, rank, text, code=NETWORK_EXIT))
+    # The startup, failure and network watches, started together; stopped together when
+    # training is over (runtime/rank/lifecycle.py), which the loop or the script says.
+    watch = Lifecycle(run_dir, world, job.train.startup_timeout_seconds, bool(job.train.script),
+                      lambda text, code: fail(run_dir, rank, text, code=code)).start()
     try:
         placed = place(job, world.local_rank)     # before a framework sees the GPUs
     except UserError as e:                             # ranks sharing a GPU, not meant
@@ -79,24 +72,8 @@ def main(job_path: str) -> None:
     except BaseException as e:  # noqa: BLE001 - user code can raise anything
         fail(run_dir, rank, user_traceback(e), code=1,
              key=getattr(e, "hpcsuite_key", None) or blame_by_frames(job, e), exc=e)
-    watch.stop()             # stepped or not, training is over: nothing left to watch
-    # Before this rank's listener closes with it: a rank still at work (rank 0 exporting a
-    # model, waiting on MLflow) must not take its refusals for a rank that died.
-    netwatch.finished(run_dir, world.attempt, rank)
+    watch.over()             # stepped or not, training is over (if not said already)
     FLAG.retire()   # done and recorded: a late preemption signal must not fail the job
-
-
-def watch_startup(job: JobSpec, run_dir: Path, world: World):
-    """This rank's startup watch, started: it ends the job, naming where the ranks stopped,
-    when this rank trains no step within train.startup_timeout_seconds
-    (:mod:`hpcsuite.runtime.rank.startup`); 0: the null watch. The backend and the session are
-    handed it."""
-    seconds = job.train.startup_timeout_seconds
-    if not seconds:
-        return startup.OFF
-    return startup.StartupWatch(seconds, run_dir, world.rank, world.size, world.attempt,
-                                lambda text: fail(run_dir, world.rank, text, code=1),
-                                script=bool(job.train.script)).start()
 
 
 RANK_LOG = "hpcsuite-rank-log"   # the name of this rank's log handler on the root logger

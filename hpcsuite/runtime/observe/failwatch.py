@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -57,15 +56,16 @@ def end_rank(status: int, marker: Path | None = None) -> None:
 
 
 def watch(run_dir: Path, rank: int, attempt: int,
-          end: Callable[..., None] = end_rank) -> threading.Thread:
+          end: Callable[..., None] = end_rank,
+          stop: threading.Event | None = None) -> threading.Thread:
     """Start the watch for attempt ``attempt``; ``end(status)`` ends the rank (tests pass
-    their own)."""
+    their own); ``stop`` ends the watch (training is over)."""
     marker = RunDir(run_dir).failed(attempt)
+    stop = stop or threading.Event()
 
     def run() -> None:
         looks = 0
-        while True:
-            time.sleep(TICK)
+        while not stop.wait(TICK):
             looks += marker.is_file()
             status = check(marker, rank, looks)
             if status is not None:

@@ -3,22 +3,30 @@
 A node whose link goes down leaves every rank waiting in an allreduce that cannot complete:
 TCP retransmits for a quarter of an hour before MPI sees an error, Horovod's stall check says
 nothing (every rank did submit its tensors), and Slurm cancels the job only once it declares
-the node down (``SlurmdTimeout``), as a node failure that looks like any other TERM. So each
-rank runs this watch: a listener that answers TCP connections on every address of its node,
-published in the run directory, and a thread that, once no training step has ended for
-:func:`stall_seconds`, tries every other node's listener and the Slurm controller
-(``scontrol ping``). A node no peer reaches is named in the attempt's FAILED marker, with what
-was seen; the batch script then ends the launcher and ``attempt end`` records the failure (a
-requeue within ``train.preemption.max_failures``, or a resubmit, resumes from the last
-checkpoint once the link is back). A rank whose own node reaches neither its peers nor the
-controller names its own node. A stall with every node answering is not a network fault: said
-once in the rank's log, and left to Horovod's stall check and the time limit.
+the node down (``SlurmdTimeout``), as a node failure that looks like any other TERM. So one
+rank of each node (its local rank 0) runs this watch: a listener that answers TCP connections
+on every address of its node, published in the run directory as the node's one record, and a
+thread that, once no training step has ended for :func:`stall_seconds`, tries its two
+neighbours in the ring of the job's nodes (the next and the previous in Slurm's node list) and,
+when one does not answer, the Slurm controller (``scontrol ping``). A node its neighbours do not
+reach is named in the attempt's FAILED marker, with what was seen; the batch script then ends
+the launcher and ``attempt end`` records the failure (a requeue within
+``train.preemption.max_failures``, or a resubmit, resumes from the last checkpoint once the link
+is back). A node that reaches neither neighbour nor the controller names itself. A stall with
+every neighbour answering is not a network fault: said once in the rank's log, asked again
+after 2, 4, 8, then every 16 s (a checkpoint save of minutes costs a few connections), and left
+to Horovod's stall check and the time limit.
 
-A rank that has finished (its ``hpcsuite train`` returned: the script or the loop ended well)
-says so (:func:`finished`) before its listener closes with the process. A node all of whose
-ranks have finished is not watched: a rank 0 still at work after the last step (exporting a
-model, waiting on MLflow, a final save, a script's work after ``run.finish()``) is not ended for
-the refusals of ranks that are done.
+Why the ring and not every node: at 1,000 ranks every rank probing every node was ~62,000
+connections a second during a long save, enough to drop SYNs at a listener and name a healthy
+node. Here a job makes at most 2 connections per node per probe, each node reads two records
+(once) and stats two markers per probe, and one ``scontrol ping`` per node comes only with a
+verdict: the total grows as the nodes, not their square (bench/scale.py measures it).
+
+The watch stops when training is over (:mod:`hpcsuite.runtime.rank.lifecycle`): the node says
+so first (:func:`finished`), so a neighbour still watching skips it, and a rank 0 still at work
+after the last step (exporting a model, waiting on MLflow, a final save, a script's work after
+its last step) is not ended for the refusals of ranks that are done.
 """
 
 from __future__ import annotations
@@ -100,12 +108,20 @@ def _matches(name: str, address: str, patterns: list[str]) -> bool:
     return False
 
 
+def backlog() -> int:
+    """The system's listen backlog (``net.core.somaxconn``): a burst of probes waits in it."""
+    try:
+        return max(int(Path("/proc/sys/net/core/somaxconn").read_text()), 16)
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
 def listen(record: Path, rank: int, node: str) -> socket.socket:
     """A listener on every address of this node that accepts and closes, recorded in
-    ``record`` for the other ranks."""
+    ``record`` for the neighbours."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("0.0.0.0", 0))
-    server.listen(16)
+    server.listen(backlog())
 
     def serve() -> None:
         while True:
@@ -125,40 +141,61 @@ def listen(record: Path, rank: int, node: str) -> socket.socket:
     return server
 
 
-def node_records(run_dir: Path, attempt: int, node: str) -> dict[str, list[dict]]:
-    """Every other node's ranks' records, lowest rank first."""
-    out: dict[str, list[dict]] = {}
-    for path in RunDir(run_dir).startup(attempt).glob("net-*.json"):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and rec.get("node") not in (None, node) and \
-                isinstance(rec.get("rank"), int):
-            out.setdefault(rec["node"], []).append(rec)
-    return {n: sorted(recs, key=lambda r: r["rank"]) for n, recs in sorted(out.items())}
+class Ring:
+    """This node's view of the others: the job's nodes in order, each node's record read once
+    (when first needed), and which have finished. Its neighbours are the nearest nodes before
+    and after it in the ring that have a record, were reachable at the start and have not
+    finished: two at most, whatever the job's size."""
+
+    def __init__(self, run_dir: Path, attempt: int, node: str, nodes: list[str]):
+        self.run, self.attempt, self.node = RunDir(run_dir), attempt, node
+        self.nodes = list(dict.fromkeys(nodes))
+        self.records: dict[str, dict | None] = {}
+        self.left: set[str] = set()           # finished, or never watchable
+
+    def record(self, name: str) -> dict | None:
+        if name not in self.records:
+            try:
+                rec = json.loads(self.run.attempt_file(self.attempt, "net", name).read_text())
+            except (OSError, ValueError):
+                rec = None
+            self.records[name] = rec if isinstance(rec, dict) and "port" in rec else None
+        return self.records[name]
+
+    def done(self, name: str) -> bool:
+        return _done(self.run.path, self.attempt, name).exists()
+
+    def neighbours(self) -> list[str]:
+        """The nearest live node after this one in the ring, and before it (one when they are
+        the same node; none when every other node has finished)."""
+        if self.node not in self.nodes:
+            return []
+        i, n = self.nodes.index(self.node), len(self.nodes)
+        found: list[str] = []
+        for direction in (1, -1):
+            for k in range(1, n):
+                name = self.nodes[(i + direction * k) % n]
+                if name in self.left:
+                    continue
+                if self.record(name) is None or self.done(name):
+                    self.left.add(name)
+                    continue
+                if name not in found:
+                    found.append(name)
+                break
+        return found
 
 
-def peers(run_dir: Path, attempt: int, node: str) -> dict[str, dict]:
-    """One record per other node (its lowest rank's)."""
-    return {n: recs[0] for n, recs in node_records(run_dir, attempt, node).items()}
-
-
-def finished(run_dir: Path, attempt: int, rank: int) -> None:
-    """Say that this rank has finished: its node is no longer watched for it."""
+def finished(run_dir: Path, attempt: int, node: str) -> None:
+    """Say that this node's watch has finished: the neighbours no longer ask it."""
     try:
-        write_json_atomic(_done(run_dir, attempt, rank), {"rank": rank})
+        write_json_atomic(_done(run_dir, attempt, node), {"node": node})
     except OSError as e:
-        log.warning("network watch: could not say this rank finished: %s", e)
+        log.warning("network watch: could not say this node finished: %s", e)
 
 
-def _done(run_dir: Path, attempt: int, rank: int) -> Path:
-    return RunDir(run_dir).net_peer(attempt, rank).with_suffix(".done")
-
-
-def live_record(run_dir: Path, attempt: int, recs: list[dict]) -> dict | None:
-    """The record of the node's lowest rank that has not finished (None: all have)."""
-    return next((r for r in recs if not _done(run_dir, attempt, r["rank"]).exists()), None)
+def _done(run_dir: Path, attempt: int, node: str) -> Path:
+    return RunDir(run_dir).attempt_file(attempt, "net", node).with_suffix(".done")
 
 
 def answers(rec: dict, timeout: float = PROBE_SECONDS, own: frozenset = frozenset()
@@ -186,20 +223,23 @@ def refused(why: str) -> bool:
     return bool(parts) and all("refused" in p.lower() for p in parts)
 
 
-def baseline(others: dict[str, dict]) -> dict[str, dict]:
-    """The peers whose port answers while training runs: the ones a stall can be judged by. A
-    port that does not (a firewall between the nodes) is said once and not watched, so that a
-    stall of another kind is never taken for a network fault."""
-    kept = {}
-    for name, rec in others.items():
-        why = answers(rec, own=OWN)
-        if why is None:
-            kept[name] = rec
-        else:
+def baseline(ring: Ring) -> None:
+    """Leave out the neighbours whose port does not answer while training runs (a firewall
+    between the nodes): said once each, so that a stall of another kind is never taken for a
+    network fault. The next node along the ring is watched instead."""
+    while True:
+        silent = {}
+        for name in ring.neighbours():
+            why = answers(ring.record(name), own=OWN)
+            if why is not None:
+                silent[name] = why
+        if not silent:
+            return
+        for name, why in silent.items():
             log.warning("network watch: %s's port does not answer from here while training "
                         "runs (%s; a firewall between the nodes?): its network is not watched",
                         name, why)
-    return kept
+            ring.left.add(name)
 
 
 def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
@@ -217,24 +257,26 @@ def controller_answers(timeout: float = CONTROLLER_SECONDS) -> bool | None:
     return " is UP" in done.stdout
 
 
-def probe(run_dir: Path, attempt: int, watched: dict[str, list[dict]]) -> dict[str, str]:
-    """What each watched node's live rank answered, by node (those that answered left out);
-    a node whose ranks have all finished leaves ``watched``. Whether a rank finished is read
-    again after a failed probe: it says so before its listener closes."""
-    unreachable = {}
-    for name in list(watched):
-        rec = live_record(run_dir, attempt, watched[name])
-        why = answers(rec, own=OWN) if rec is not None else None
-        if why is None:
-            if rec is None:
-                del watched[name]
-            continue
-        now = live_record(run_dir, attempt, watched[name])
-        if now is rec:
-            unreachable[name] = why
-        elif now is None:                               # its last rank finished while asked
-            del watched[name]
-    return unreachable
+def probe(ring: Ring) -> tuple[dict[str, str], int]:
+    """(what each neighbour that did not answer said, by node; how many were asked). A
+    neighbour that finished while it was asked (it says so before its listener closes) is left
+    for the next one along the ring, which is asked then."""
+    unreachable: dict[str, str] = {}
+    asked: set[str] = set()
+    while True:
+        todo = [n for n in ring.neighbours() if n not in asked]
+        if not todo:
+            return unreachable, len(asked)
+        for name in todo:
+            asked.add(name)
+            why = answers(ring.record(name), own=OWN)
+            if why is None:
+                continue
+            if ring.done(name):                       # it finished while asked
+                ring.left.add(name)
+                asked.discard(name)
+            else:
+                unreachable[name] = why
 
 
 def verdict(node: str, idle: float, unreachable: dict[str, str],
@@ -273,45 +315,53 @@ def verdict(node: str, idle: float, unreachable: dict[str, str],
     return cut, text
 
 
+MAX_BACKOFF = 16.0   # seconds between probes, at most, in a stall every neighbour answers
+
+
 def watch(run_dir: Path, rank: int, attempt: int, node: str, fail: Callable[[str], None],
-          stop: threading.Event | None = None) -> threading.Thread | None:
-    """Start the listener and the watch for this rank; ``fail(text)`` ends the attempt,
-    ``stop`` (tests) ends the watch."""
-    stop = stop or threading.Event()
+          stop: threading.Event, nodes: list[str] | tuple[str, ...] = ()) -> threading.Thread | None:
+    """Start this node's listener and watch (one rank of each node runs it; ``nodes``: the
+    job's nodes in Slurm's order, :attr:`hpcsuite.world.World.nodes`); ``fail(text)`` ends
+    the attempt; ``stop`` ends the watch (training is over)."""
     try:
-        listen(RunDir(run_dir).net_peer(attempt, rank), rank, node)
+        listen(RunDir(run_dir).attempt_file(attempt, "net", node), rank, node)
     except (OSError, ImportError) as e:
         log.warning("network watch off: %s", e)
         return None
+    ring = Ring(run_dir, attempt, node, list(nodes))
 
     def run() -> None:
-        told, watched = False, None
+        told, started, wait, due = False, False, TICK, 0.0
         while not stop.wait(TICK):
             with _lock:
                 beats = list(_beats)
             if not beats:
                 continue                   # not training yet: the startup watch's time
-            if watched is None:            # a step ended: every rank has published its port
-                records = node_records(run_dir, attempt, node)
-                kept = baseline({n: recs[0] for n, recs in records.items()})
-                watched = {n: records[n] for n in kept}
+            if not started:                # a step ended: every node has published its port
+                baseline(ring)
+                started = True
                 continue
-            idle = time.monotonic() - beats[-1]
+            now = time.monotonic()
+            idle = now - beats[-1]
             if idle < stall_seconds(beats):
-                told = False
+                told, wait, due = False, TICK, 0.0
                 continue
-            asked = len(watched)
-            unreachable = probe(run_dir, attempt, watched)
-            if not watched:
-                log.info("no training step for %.0f s, and every other node's ranks have "
-                         "finished: nothing left to watch", idle)
+            if now < due:
+                continue
+            unreachable, asked = probe(ring)
+            if not asked:
+                log.info("no training step for %.0f s, and every other node has finished or "
+                         "is not watched: nothing left to watch", idle)
                 return
             if not unreachable:
                 if not told:
-                    log.info("no training step for %.0f s, and every node answers (%s): "
-                             "not a network fault", idle, ", ".join(watched) or "one node")
+                    log.info("no training step for %.0f s, and the neighbours answer (%s): "
+                             "not a network fault", idle, ", ".join(ring.neighbours()))
                     told = True
+                due, wait = now + wait, min(2 * wait, MAX_BACKOFF)
                 continue
+            if stop.is_set():
+                return                     # training ended while the neighbours were asked
             _, text = verdict(node, idle, unreachable, controller_answers(), asked)
             fail(text)
             return

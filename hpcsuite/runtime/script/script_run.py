@@ -132,7 +132,12 @@ class Run:
         where the checkpoint left off) to the end of ``epochs`` (default train.epochs), at most
         train.max_steps steps. Each batch has ``ids`` (sample ids), ``weights`` (0 for padding),
         ``real``, ``last_in_step`` and ``epoch``. A batch counts as done once handed out:
-        finish its step before calling save()."""
+        finish its step before calling save(). When they end, training is over: the rank's
+        watches stop (:mod:`hpcsuite.runtime.rank.lifecycle`)."""
+        yield from self._batches(n, batch_size, epochs, accumulation)
+        self.session.watch.over()
+
+    def _batches(self, n, batch_size, epochs, accumulation) -> Iterator:
         self._n = n
         s = self.session
         p, m = s.progress, s.metrics
@@ -222,9 +227,12 @@ class Run:
         if self._returned is not None:      # the script's step since the previous call
             self._steps.append(now - self._returned)
         try:
-            return self._vote()
+            stop = self._vote()
         finally:
             self._returned = time.perf_counter()
+        if stop:                            # the script's training is over (it saves, ends)
+            self.session.watch.over()
+        return stop
 
     def _vote(self) -> bool:
         s = self.session
@@ -317,6 +325,7 @@ class Run:
         if self._finished:
             return
         self._finished = True
+        self.session.watch.over()
         s = self.session
         m = s.metrics
         status = status or s.status()

@@ -128,7 +128,7 @@ class Trainer:
                                      usercode.search_dirs(self.train.pythonpath))
         self.backend.build(data)
         p = self.restore()
-        self.balance.start(self.backend.allgather_object(hostname()))
+        self.balance.start(self.session.gather(hostname()))   # rank 0's, for the slow-rank rule
         if self.train.ledger:
             paths = RunDir(self.run_dir)
             paths.ledger_dir.mkdir(exist_ok=True)
@@ -159,6 +159,7 @@ class Trainer:
                 if held is not None and policy.eval_due(p.cursor.epoch):
                     self.evaluate(held, p)
         elapsed = time.perf_counter() - t_start
+        self.session.watch.over()   # the final save, evaluation and report are not watched
         if self.timeline is not None:
             self.timeline.close(p.step)
         self.utilisation = self.sampler.stop(self.session.status()) \

@@ -20,6 +20,7 @@ with threads. Framework-free: nothing here imports torch, TensorFlow or Horovod.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -304,9 +305,23 @@ class Session:
                 "checksum": checksum, "noticed": self.noticed_step, "signal": flag.signal,
                 "after_signal": time.monotonic() - flag.at if self.stopped and flag.at else None}
 
-    def gather(self, note: dict) -> list[dict]:
-        """Every rank's note, by rank (collective)."""
-        return self.ranks.allgather_object(note)
+    def gather(self, note: dict) -> list[dict] | None:
+        """Every rank's note, by rank, on rank 0; None on the others (collective). Each rank
+        writes its note, per-step series and all, to its own file (``startup/attempt-N/
+        note-R.json``); once every rank has (a broadcast: Horovod runs a collective only when
+        every rank has asked for it), rank 0 reads them. Not an allgather: that handed every
+        rank every rank's series, N² in all (~2.3 GB of pickles per rank at 1,000 ranks)."""
+        from ...runs.results import write_json_atomic
+
+        run, attempt = RunDir(self.run_dir), attempt_number()
+        path = run.attempt_file(attempt, "note", self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, plain(note), durable=False)
+        self.ranks.broadcast_object(None)
+        if self.rank != 0:
+            return None
+        return [json.loads(run.attempt_file(attempt, "note", r).read_text())
+                for r in range(self.size)]
 
     def last_checkpoint_step(self) -> int | None:
         """The step of the job's newest committed checkpoint (this attempt's or an earlier
@@ -354,6 +369,15 @@ class Session:
             checkpoints=m.checkpoints, checkpoint_time_s=sum(c["seconds"] for c in m.checkpoints),
             param_checksums=[g["checksum"] for g in gathered if g["checksum"] is not None],
             spec_digest=self.job.digest(), **fields)
+
+
+def plain(obj):
+    """``obj`` with numpy's scalars and arrays as Python's (a note is written as JSON)."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    return obj.tolist() if hasattr(obj, "tolist") else obj
 
 
 def stop_record(reason: str, gathered: list[dict], step: int, time_limit,
