@@ -94,13 +94,17 @@ def test_a_script_whose_rank_1_works_twice_as_long_names_it(local_cluster, tmp_p
 
 
 def test_the_same_script_balanced_names_nobody(local_cluster, tmp_path):
-    """Its rank 0 also works 28 s after run.finish(), when rank 1 has exited: longer than the
-    network watch's stall (20 s), whose probes of node2 are refused; the job completes, and
-    what rank 0 wrote is there (issue 51, point 1)."""
+    """Its rank 0 also works 60 s after its last step and run.finish(), when rank 1 has
+    exited: three times the network watch's stall (20 s). Training is over, so the watch has
+    stopped (issue 53, point 4; before issue 51 node2's refusals failed the job); the job
+    completes, and what rank 0 wrote is there."""
     cluster, env = local_cluster
-    payload = submit(tmp_path, env, "script-even", 0.0, export=28)
+    payload = submit(tmp_path, env, "script-even", 0.0, export=60)
     run_dir = next(p.parent for p in (tmp_path / "runs" / "script-even").glob("*/results.json"))
     assert (run_dir / "exported.txt").read_text() == "the model\n"
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "training is over: the startup and network watches stop" in log, log
+    assert "no training step for" not in log, log        # no probe after the last step
     balance = payload["results"]["rank_balance"]
     assert balance["slow_rank"] is None, balance
     assert all(t is not None and t > 0 for t in balance["own_s"] + balance["wait_s"]), balance

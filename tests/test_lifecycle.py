@@ -11,7 +11,8 @@ import pytest
 from hpcsuite import api
 from hpcsuite.runs.rundir import RunDir
 from hpcsuite.runtime.observe import netwatch
-from hpcsuite.runtime.rank import lifecycle, startup
+from hpcsuite.runtime.observe import lifecycle
+from hpcsuite.runtime.rank import startup
 from hpcsuite.runtime.script import script_job
 from hpcsuite.submit.spec import spec_from_dict
 from hpcsuite.world import World, expand_hostlist, from_env
@@ -69,7 +70,7 @@ def test_training_over_stops_the_watches_once(tmp_path, monkeypatch, caplog):
                                                nodes=("node1", "node2")),
                                60, False, lambda text, code: None).start()
     assert isinstance(life.startup, startup.StartupWatch) and not started.stop.is_set()
-    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.rank.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="hpcsuite.runtime.observe.lifecycle"):
         life.over()
         life.over()
         life.stop()

@@ -23,7 +23,7 @@ from ..submit.spec import JobSpec
 from ..world import current
 from .frameworks.managed import make_backend
 from .rank import startup
-from .rank.lifecycle import Lifecycle
+from .observe.lifecycle import Lifecycle
 from .rank.job_io import hostname, load_job, publish
 from .observe.monitor import end_all
 from .rank.placement import place
@@ -45,7 +45,7 @@ def main(job_path: str) -> None:
                         force=True)   # the CLI configured WARNING level for login-node use
     rank_log(run_dir, rank, log_format)
     # The startup, failure and network watches, started together; stopped together when
-    # training is over (runtime/rank/lifecycle.py), which the loop or the script says.
+    # training is over (runtime/observe/lifecycle.py), which the loop or the script says.
     watch = Lifecycle(run_dir, world, job.train.startup_timeout_seconds, bool(job.train.script),
                       lambda text, code: fail(run_dir, rank, text, code=code)).start()
     try:

@@ -23,7 +23,7 @@ node. Here a job makes at most 2 connections per node per probe, each node reads
 (once) and stats two markers per probe, and one ``scontrol ping`` per node comes only with a
 verdict: the total grows as the nodes, not their square (bench/scale.py measures it).
 
-The watch stops when training is over (:mod:`hpcsuite.runtime.rank.lifecycle`): the node says
+The watch stops when training is over (:mod:`hpcsuite.runtime.observe.lifecycle`): the node says
 so first (:func:`finished`), so a neighbour still watching skips it, and a rank 0 still at work
 after the last step (exporting a model, waiting on MLflow, a final save, a script's work after
 its last step) is not ended for the refusals of ranks that are done.

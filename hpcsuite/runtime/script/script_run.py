@@ -133,7 +133,7 @@ class Run:
         train.max_steps steps. Each batch has ``ids`` (sample ids), ``weights`` (0 for padding),
         ``real``, ``last_in_step`` and ``epoch``. A batch counts as done once handed out:
         finish its step before calling save(). When they end, training is over: the rank's
-        watches stop (:mod:`hpcsuite.runtime.rank.lifecycle`)."""
+        watches stop (:mod:`hpcsuite.runtime.observe.lifecycle`)."""
         yield from self._batches(n, batch_size, epochs, accumulation)
         self.session.watch.over()
 

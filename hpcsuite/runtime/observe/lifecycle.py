@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Callable
 
 from ...world import World
-from ..observe import failwatch, netwatch
-from . import startup
+from . import failwatch, netwatch
+from ..rank import startup
 
 log = logging.getLogger(__name__)
 
