@@ -77,6 +77,8 @@ class Hvd:
     def size(self): return self.ranks.size
     def broadcast_object(self, obj, root_rank=0, name=None): return self.ranks.broadcast_object(obj)
     def allgather_object(self, obj, name=None): return self.ranks.allgather_object(obj)
+    def allreduce(self, values, op=None, name=None): return self.ranks.allreduce_sums(values)
+    Sum = "sum"
 
 
 @pytest.mark.parametrize("size", [2, 4])
@@ -109,3 +111,33 @@ def test_script_modes_log_line_progress_and_results_show_the_global_mean(tmp_pat
     assert progress["loss"] == pytest.approx(mean)
     lines = [LINE.search(r.getMessage()) for r in caplog.records if LINE.search(r.getMessage())]
     assert lines and all(float(x.group(3)) == pytest.approx(mean, abs=5e-4) for x in lines)
+
+
+def test_script_modes_global_loss_is_one_allreduce_of_each_ranks_own_series():
+    """Issue 53, point 3: each step's loss over every rank's real samples, from the ranks'
+    sums (one allreduce); no rank reads another's series. Ranks that logged different numbers
+    of losses: rank 0's own series, as before."""
+    from test_session import on_ranks
+
+    from hpcsuite.runtime.script.collectives import HorovodObjects
+    from hpcsuite.runtime.script.script_run import global_loss
+
+    series = {0: [1.0, 2.0], 1: [3.0, 5.0]}
+    real = {0: [3, 1], 1: [1, 1]}
+
+    def body(rank, ranks):
+        sent = []
+        ranks.allgather_object = lambda obj: sent.append(obj)
+        got = global_loss(HorovodObjects(Hvd(ranks)), series[rank], real[rank])
+        return got, sent
+
+    got = on_ranks(2, body)
+    assert got[0][0] == pytest.approx([(1 * 3 + 3 * 1) / 4, (2 * 1 + 5 * 1) / 2])
+    assert got[0][0] == got[1][0] and got[0][1] == got[1][1] == []
+    unequal = {0: [1.0, 2.0, 4.0], 1: [3.0]}
+    got = on_ranks(2, lambda rank, ranks: global_loss(HorovodObjects(Hvd(ranks)),
+                                                     unequal[rank], []))
+    assert got[0] == [1.0, 2.0, 4.0]
+    weightless = on_ranks(2, lambda rank, ranks: global_loss(HorovodObjects(Hvd(ranks)),
+                                                             series[rank], [0, 0]))
+    assert weightless[0] == pytest.approx([2.0, 3.5])      # no real samples: the plain mean

@@ -46,6 +46,9 @@ class Ranks:
     def allgather_object(self, obj):
         return self.world.exchange(self.rank, obj)
 
+    def allreduce_sums(self, values):
+        return [sum(col) for col in zip(*self.world.exchange(self.rank, list(values)))]
+
     def vote_start(self, values):
         if self.rank == 0:
             self.world.votes += 1

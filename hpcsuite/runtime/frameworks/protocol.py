@@ -27,6 +27,9 @@ class Collectives(Protocol):
     # travel with the next step's gradients); every rank reads the same vector.
     def vote_start(self, values: list[int]) -> object: ...
     def vote_result(self, handle: object) -> list[int]: ...
+    # Element-wise float64 sums over the ranks, on every rank (the same length on each): a
+    # per-step series summed across the job in MPI's allreduce, not gathered rank by rank.
+    def allreduce_sums(self, values: list[float]) -> list[float]: ...
 
 
 class Backend(Collectives, Protocol):

@@ -282,6 +282,10 @@ class TensorFlowBackend(HorovodBackend):
             self._poll = None
         return [int(v) for v in handle["result"].numpy()]
 
+    def allreduce_sums(self, values: list[float]) -> list[float]:
+        t = self.tf.constant(values, self.tf.float64)
+        return self.hvd.allreduce(t, op=self.hvd.Sum, name="hpcsuite.sums").numpy().tolist()
+
     def losses_to_floats(self, losses):
         # One stacking op and one read for many steps' scalar float32 losses (the values exactly).
         return self.tf.stack(losses).numpy().tolist() if losses else []

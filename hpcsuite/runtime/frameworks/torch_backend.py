@@ -359,6 +359,10 @@ class TorchBackend(HorovodBackend):
     def vote_result(self, handle):
         return [int(v) for v in self.hvd.synchronize(handle)]
 
+    def allreduce_sums(self, values: list[float]) -> list[float]:
+        t = self.torch.tensor(values, dtype=self.torch.float64)
+        return self.hvd.allreduce(t, op=self.hvd.Sum, name="hpcsuite.sums").tolist()
+
     def gradient_sizes(self) -> list[int]:
         """Elements of each gradient the allreduce carries (the trainable parameters)."""
         return [p.numel() for p in self.model.parameters() if p.requires_grad]

@@ -28,6 +28,12 @@ class Single:
     def allgather_object(obj, name=None):
         return [obj]
 
+    @staticmethod
+    def allreduce(tensor, op=None, name=None):
+        return tensor
+
+    Sum = None
+
 
 class HorovodObjects:
     """The session's collectives over ``hvd`` (a Horovod framework module, or :class:`Single`)."""
@@ -48,3 +54,20 @@ class HorovodObjects:
 
     def vote_result(self, handle: list[int]) -> list[int]:
         return handle
+
+    def allreduce_sums(self, values: list[float]) -> list[float]:
+        """Over the script's own framework: horovod.torch's allreduce takes a torch tensor,
+        horovod.tensorflow's a TensorFlow one (a stand-in outside a job: the values)."""
+        name = getattr(self.hvd, "__name__", "")
+        if name.startswith("horovod.torch"):
+            import torch
+
+            tensor = torch.tensor(values, dtype=torch.float64)
+        elif name.startswith("horovod."):
+            import tensorflow as tf
+
+            tensor = tf.constant(values, tf.float64)
+        else:
+            return self.hvd.allreduce(list(values), op=self.hvd.Sum, name="hpcsuite.api.sums")
+        done = self.hvd.allreduce(tensor, op=self.hvd.Sum, name="hpcsuite.api.sums")
+        return (done.numpy() if hasattr(done, "numpy") else done).tolist()

@@ -334,16 +334,17 @@ class Run:
             self._timeline.close(self.step)
         utilisation = self.sampler.stop(status) if self.sampler is not None else []
         mine = s.note(elapsed, checksum(params) if params is not None else None,
-                      rank=self.rank, metrics=m.series, own_real=self._own_real,
-                      utilisation=utilisation, **self.balance.note())
-        s.write_rank_record({**mine, "steps": self.step - self.start_step,
-                             "step_time_s": m.step_times})
+                      rank=self.rank, utilisation=utilisation, **self.balance.note())
+        s.write_rank_record({**mine, "metrics": m.series, "own_real": self._own_real,
+                             "steps": self.step - self.start_step, "step_time_s": m.step_times})
+        loss = global_loss(s.ranks, m.series.get("loss", []), self._own_real) \
+            if s.ranks.broadcast_object("loss" in m.series) else None
         gathered = s.gather(mine)
         if self.rank != 0:
             return
         metrics = {k: list(v) for k, v in m.series.items()}   # every run.log() series
-        if "loss" in metrics:
-            metrics["loss"] = global_loss(gathered)
+        if loss is not None:
+            metrics["loss"] = loss
         if m.step_times:       # the last step, not one up to 2 s before it
             last = {k: v[-1] for k, v in metrics.items() if v}
             self._write_progress(last, self.step, self.epoch)
@@ -398,21 +399,19 @@ def _cuda_drain(optimizer):
     return torch.cuda.current_stream().synchronize if on_cuda else (lambda: None)
 
 
-def global_loss(gathered: list[dict]) -> list[float]:
-    """Each step's loss over every rank's real samples, from the ranks' notes: each rank's
-    logged mean weighted by its real samples that step (equal weights where a rank's losses do
-    not line up with its steps; rank 0's own where the ranks logged different numbers of them)."""
-    series = [g["metrics"].get("loss", []) for g in gathered]
-    if any(len(x) != len(series[0]) for x in series):
-        return list(series[0])
-    weights = [g["own_real"] if len(g["own_real"]) == len(x) else [1] * len(x)
-               for g, x in zip(gathered, series)]
-    out = []
-    for values, counts in zip(zip(*series), zip(*weights)):
-        total = sum(counts)
-        out.append(sum(v * c for v, c in zip(values, counts)) / total if total else
-                   sum(values) / len(values))
-    return out
+def global_loss(ranks, series: list[float], own_real: list[int]) -> list[float]:
+    """Each step's loss over every rank's real samples (collective; rank 0 uses it): each
+    rank's logged mean weighted by its real samples that step (weight 1 where its losses do not
+    line up with its steps), summed in one allreduce, so no rank reads another's series; rank
+    0's own series where the ranks logged different numbers of losses."""
+    n = ranks.broadcast_object(len(series))
+    if ranks.allreduce_sums([float(len(series) != n)])[0] or not n:
+        return list(series)
+    weights = [float(c) for c in own_real] if len(own_real) == n else [1.0] * n
+    sums = ranks.allreduce_sums([v * c for v, c in zip(series, weights)] + weights
+                                + [float(v) for v in series])
+    return [sums[i] / sums[n + i] if sums[n + i] else sums[2 * n + i] / ranks.size
+            for i in range(n)]
 
 
 def _versions() -> dict:

@@ -360,8 +360,10 @@ class Trainer:
     def report(self, p: Progress, elapsed: float, stop: str | None, n: int) -> tuple[dict, "Results | None"]:
         s, m = self.session, self.metrics
         checksum = self.backend.checksum()
-        gathered = s.gather(s.note(elapsed, checksum, loss_sums=m.loss_sums,
-                                   utilisation=self.utilisation,
+        # Each step's loss summed over the ranks: an allreduce of one number a step (every
+        # rank's series stays its own; the notes rank 0 reads carry none).
+        sums = self.backend.allreduce_sums(m.loss_sums) if m.loss_sums else []
+        gathered = s.gather(s.note(elapsed, checksum, utilisation=self.utilisation,
                                    energy_j=self.sampler.energy_j if self.sampler else None,
                                    **self.balance.note()))
         per_rank = {"rank": self.backend.rank, "host": hostname(), "steps": p.step - p.start_step,
@@ -372,8 +374,7 @@ class Trainer:
             return per_rank, None
         self.energy = energy_record([g["energy_j"] for g in gathered],
                                     sum(g["samples"] for g in gathered))
-        loss = [sum(col) / real for col, real in
-                zip(zip(*(g["loss_sums"] for g in gathered)), m.real)]
+        loss = [total / real for total, real in zip(sums, m.real)]
         if loss:                                   # the last step, not one up to 2 s before it
             self.write_progress(p.step, p.cursor.epoch, m.real[-1], loss[-1])
         self.chart_report(p, loss, gathered)
