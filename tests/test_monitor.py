@@ -201,3 +201,17 @@ def test_a_stale_file_of_another_user_or_job_does_not_stop_this_jobs_metrics(tmp
     assert mine["hpcsuite_job_running"].samples[0].value == 0
     assert all((p / "in-the-way").is_dir() for p in stale)
     assert not (run_dir / "monitor").exists()                       # nothing failed
+
+
+def test_rank_0_gets_at_most_120_samples_a_rank_the_rank_keeps_them_all():
+    """Issue 53, point 3: a sample a second for hours is thinned, evenly, to what results.json
+    and the other ranks' charts carry; the first and the last sample are kept."""
+    from hpcsuite.runtime.observe.monitor import SHARED_SAMPLES, thinned
+
+    samples = [{"step": i} for i in range(3600)]
+    kept = thinned(samples)
+    assert len(kept) == SHARED_SAMPLES == 120
+    assert kept[0] == samples[0] and kept[-1] == samples[-1]
+    steps = [s["step"] for s in kept]
+    assert steps == sorted(set(steps)) and max(b - a for a, b in zip(steps, steps[1:])) <= 31
+    assert thinned(samples[:50]) == samples[:50] and thinned([]) == []

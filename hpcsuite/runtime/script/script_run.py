@@ -29,6 +29,7 @@ from ..session.policy import VOTE_SECONDS
 from .script_job import Handover, find_job, refuse_ranks_without_horovod
 from ..session.session import RankCharts, Session, checksum
 from ..input.sharding import Cursor, Sharder
+from ..observe.monitor import thinned
 from ..observe.tensorboard import own_time_values
 
 log = logging.getLogger("hpcsuite.api")   # the name users' log lines have always shown
@@ -334,8 +335,9 @@ class Run:
             self._timeline.close(self.step)
         utilisation = self.sampler.stop(status) if self.sampler is not None else []
         mine = s.note(elapsed, checksum(params) if params is not None else None,
-                      rank=self.rank, utilisation=utilisation, **self.balance.note())
+                      rank=self.rank, utilisation=thinned(utilisation), **self.balance.note())
         s.write_rank_record({**mine, "metrics": m.series, "own_real": self._own_real,
+                             "utilisation": utilisation,      # every sample (rank 0 gets 120)
                              "steps": self.step - self.start_step, "step_time_s": m.step_times})
         loss = global_loss(s.ranks, m.series.get("loss", []), self._own_real) \
             if s.ranks.broadcast_object("loss" in m.series) else None

@@ -35,6 +35,7 @@ from ..frameworks.protocol import Backend
 from ..input.sharding import Cursor, Sharder
 from ..rank.signals import FLAG, StopFlag
 from ..rank.startup import OFF
+from ..observe.monitor import thinned
 from ..observe.tensorboard import own_time_values, utilisation_values
 
 if TYPE_CHECKING:
@@ -363,12 +364,13 @@ class Trainer:
         # Each step's loss summed over the ranks: an allreduce of one number a step (every
         # rank's series stays its own; the notes rank 0 reads carry none).
         sums = self.backend.allreduce_sums(m.loss_sums) if m.loss_sums else []
-        gathered = s.gather(s.note(elapsed, checksum, utilisation=self.utilisation,
+        gathered = s.gather(s.note(elapsed, checksum, utilisation=thinned(self.utilisation),
                                    energy_j=self.sampler.energy_j if self.sampler else None,
                                    **self.balance.note()))
         per_rank = {"rank": self.backend.rank, "host": hostname(), "steps": p.step - p.start_step,
                     "samples": m.samples, "elapsed_s": elapsed, "step_time_s": m.step_times,
                     "data_time_s": m.data_times, "param_checksum": checksum,
+                    "utilisation": self.utilisation,    # every sample (rank 0 gets 120)
                     **self.balance.note()}    # own work and allreduce wait per step
         if self.backend.rank != 0:
             return per_rank, None
