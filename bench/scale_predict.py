@@ -69,6 +69,8 @@ def per_s(row: dict, kind: str) -> float:
 
 
 def fmt(x: float) -> str:
+    if x >= 1e9:
+        return f"{x / 1e9:.2f} G"
     if x >= 1e6:
         return f"{x / 1e6:.2f} M"
     if x >= 1e4:
