@@ -10,7 +10,6 @@ import pytest
 
 from hpcsuite import api
 from hpcsuite.runs.rundir import RunDir
-from hpcsuite.runtime.observe import netwatch
 from hpcsuite.runtime.observe import lifecycle
 from hpcsuite.runtime.rank import startup
 from hpcsuite.runtime.script import script_job
