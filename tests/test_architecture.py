@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "hpcsuite"
-ROOMS = ("cli", "runner", "submit", "runs", "study", "sweep", "site", "runtime")
+ROOMS = ("cli", "runner", "submit", "runs", "study", "sweep", "site", "runtime", "remote")
 # the shared core, at the top
 LEAVES = ("errors", "records", "shell", "slurm", "usercode", "alphabeta", "allreduce_sizes",
           "fabrics", "gpuhealth", "world", "mpis")
@@ -20,6 +20,9 @@ ALLOWED = {
     "runner": {"submit", "runs", "runtime.rank.job_io"},
     "study": {"runner", "submit", "runs", "site"},
     "sweep": {"runner", "submit", "runs"},
+    # what a spec names (submit.schema reads it), remotes.yaml's place (submit.config), the
+    # copy's registry line and run-directory names (runs)
+    "remote": {"submit.schema", "submit.config", "runs"},
     "site": {"submit.site_profile", "submit.slurm_rules"},
     "submit": {"runs.rundir", "templates"},
     "runs": set(),

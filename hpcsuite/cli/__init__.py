@@ -6,6 +6,7 @@ Nothing here imports torch, tensorflow or horovod: login-node commands stay fast
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -25,7 +26,7 @@ class Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            return self.run(ctx)
         except (UserError, JobFailed) as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(e.exit_code)
@@ -56,6 +57,9 @@ class Group(click.Group):
                        "report it, with HPCSUITE_DEBUG=1 for the traceback", err=True)
             ctx.exit(INTERNAL_ERROR)
 
+    def run(self, ctx: click.Context):
+        return super().invoke(ctx)
+
 
 # Every command's module, imported only when the command is named: `render` and `submit` on a
 # login node pay for the command they run, not for the others (`--help` and completion import
@@ -68,7 +72,7 @@ LAZY_COMMANDS = {"render": "submit_cmd", "submit": "submit_cmd",
                  "bench": "bench_cmd", "cluster": "cluster_cmd", "config": "config_cmd",
                  "lint": "templates_cmd", "study": "study_cmd", "sweep": "sweep_cmd",
                  "templates": "templates_cmd",
-                 "tracking": "tracking_cmd"}
+                 "tracking": "tracking_cmd", "fetch": "remote_cmd"}
 
 
 class MainGroup(Group):
@@ -77,6 +81,23 @@ class MainGroup(Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["hpcsuite.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def run(self, ctx: click.Context):
+        """A command given --remote NAME (or HPCSUITE_REMOTE) runs on that remote
+        (hpcsuite.remote.forward); any other here."""
+        argv = ctx.meta.get("hpcsuite.argv") or []
+        if "--remote" in argv or any(a.startswith("--remote=") for a in argv) \
+                or os.environ.get("HPCSUITE_REMOTE"):
+            from ..remote import forward
+
+            wanted = forward.wanted(argv)
+            if wanted is not None:
+                ctx.exit(forward.run(ctx, *wanted))
+        return super().run(ctx)
 
     def get_command(self, ctx: click.Context, cmd_name: str):
         if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
@@ -179,6 +200,10 @@ after_option = click.option(
     help="Start only after JOB (a job id, or the name of a job submitted from here: its "
          "latest run) completed (ok, the default), ended (any) or failed (notok); added to the "
          "spec's `after`. Repeat for several (sbatch --dependency).")
+remote_option = click.option(
+    "--remote", "remote", metavar="NAME", expose_value=False,
+    help="Run this on the remote NAME of ~/.config/hpcsuite/remotes.yaml, over SSH (env: "
+         "HPCSUITE_REMOTE); the files a spec names are sent first (docs/howto/laptop.md).")
 set_option = click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE",
     help="Override one job key, e.g. --set resources.nodes=2 --set env.NCCL_DEBUG=INFO "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import FilePath, emit_json, main, profile_option
+from . import FilePath, emit_json, main, profile_option, remote_option
 
 
 @main.command()
@@ -13,6 +13,7 @@ from . import FilePath, emit_json, main, profile_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--no-compute", is_flag=True,
               help="Skip the compute-node probe (an srun that imports the frameworks there).")
+@remote_option
 def doctor(spec, profile_path, as_json, no_compute):
     """Check the cluster against the site profile before a job finds out.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import emit_json, main
+from . import emit_json, main, remote_option
 from ..errors import UserError
 from ..runs.rundir import RunDir
 
@@ -25,7 +25,13 @@ def _run_dir_of(entry: dict | None) -> Path | None:
 @main.command()
 @click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(run, as_json):
+@click.option("--wait", is_flag=True,
+              help="Follow RUN to its end, as `submit --wait` does (its live line and exit "
+                   "status): for a job submitted without --wait, or followed again.")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS "
+              "(the job goes on).")
+@remote_option
+def status(run, as_json, wait, timeout):
     """Show the state of RUN: a job id, a run directory, or a job name (its latest run).
 
     State, elapsed time, exit code, requeues and MaxRSS (from Slurm accounting, sacct, where
@@ -35,6 +41,16 @@ def status(run, as_json):
     preempted or stopped at the time limit, how many failed, how the last one ended)."""
     from ..runner import describe
 
+    if wait:
+        from .submit_cmd import finish, follow
+
+        job_id, entry = _find_run(run)
+        run_dir = _run_dir_of(entry)
+        if run_dir is None:
+            raise UserError(f"{run}: no run directory known for it here (.hpcsuite/runs.jsonl); "
+                            "--wait follows a job submitted from this directory")
+        finish(follow(job_id, str(run_dir), timeout, as_json), as_json)
+        return
     record = describe(run)
     if as_json:
         emit_json(record.to_json())
@@ -46,6 +62,7 @@ def status(run, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-n", "--last", type=int, default=20, show_default=True,
               help="Only the last N runs (0: all).")
+@remote_option
 def runs(as_json, last):
     """List the runs submitted from this directory, newest last, with their state; a sweep's
     job array is one line (NAME [elements]) followed by its elements (ARRAYID_INDEX).
@@ -86,12 +103,13 @@ def runs(as_json, last):
 @click.option("--rank", type=int, default=None,
               help="Only rank N's log records (run directory logs/rank-N.log) instead of the "
                    "job's Slurm output file.")
+@remote_option
 def logs(run, lines, follow, rank):
     """Print the output of RUN (a job id, a run directory, or a job name)."""
     from .. import runner
 
     job_id, entry = _find_run(run)
-    state = runner.state(job_id)
+    state = runner.state(job_id, entry)
     run_dir = _run_dir_of(entry)
     if rank is not None:
         if run_dir is None:
@@ -159,6 +177,7 @@ def _follow(job_id: str, path: Path | None, offset: int, run_dir: Path | None) -
 @click.argument("run")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Directory for the PNGs (default: the run directory).")
+@remote_option
 def report(run, out):
     """Draw PNG plots of RUN (a job id, a run directory, or a job name) from its results:
     loss.png, throughput.png, and with train.monitor utilisation.png. Prints, for each Horovod
@@ -198,6 +217,7 @@ def report(run, out):
 
 @main.command()
 @click.argument("run")
+@remote_option
 def cancel(run):
     """Cancel RUN (a job id, a run directory, or a job name: its latest run); for a job
     array, every element that still waits or runs. Exit 2 when there is nothing to cancel:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import FilePath, emit_json, main, profile_option
+from . import FilePath, emit_json, main, profile_option, remote_option
 
 
 @main.group()
@@ -51,6 +51,7 @@ def _say(message: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Make the bundle and check every point against "
               "the site's rules; submit nothing (versions not cached for this installation "
               "are asked by the first real run).")
+@remote_option
 def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
     """Render and submit every point of TARGET (a study spec, or a study directory to go on).
 
@@ -95,6 +96,7 @@ def run_cmd(target, directory, profile_path, wait, timeout, dry_run):
 @study.command("status")
 @click.argument("target", type=FilePath(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_option
 def status_cmd(target, as_json):
     """Where each point of a study is (TARGET: study directory or study spec): the study's
     own status and Slurm's state of the point's job, asked now (state.json's, with a note,
@@ -119,6 +121,7 @@ def status_cmd(target, as_json):
 @study.command("report")
 @click.argument("target", type=FilePath(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
+@remote_option
 def report_cmd(target, as_json):
     """Throughput, speedup and efficiency (median, min, max of the repeats) against the
     smallest point (with each swept Horovod knob at its axis's first value) and the

@@ -7,7 +7,7 @@ import time
 import click
 
 from . import (FilePath, after_option, emit_json, main, prepare_request, profile_option,
-               set_option, template_dir_option)
+               remote_option, set_option, template_dir_option)
 
 spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
 
@@ -19,6 +19,7 @@ spec_argument = click.argument("spec", type=FilePath(dir_okay=False))
 @set_option
 @after_option
 @click.option("--json", "as_json", is_flag=True, help="Print script and sbatch command as JSON.")
+@remote_option
 def render(spec, profile_path, template_dir, sets, after, as_json):
     """Print the sbatch script SPEC renders to (nothing is submitted)."""
     request = prepare_request(spec, profile_path, template_dir, sets, after=after)
@@ -42,6 +43,7 @@ def render(spec, profile_path, template_dir, sets, after, as_json):
               help="Submit the job held: it starts after `scontrol release JOBID`.")
 @after_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_option
 def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold, after, as_json):
     """Submit SPEC to Slurm with sbatch and print the job id.
 
@@ -76,7 +78,14 @@ def submit(spec, profile_path, template_dir, sets, dry_run, wait, timeout, hold,
         return
     if not as_json:
         click.echo(f"submitted job {done.job_id}; run directory {done.run_dir}")
-    outcome = follow(done.job_id, done.run_dir, timeout, as_json)
+    finish(follow(done.job_id, done.run_dir, timeout, as_json), as_json)
+
+
+def finish(outcome, as_json: bool) -> None:
+    """A followed job's end, said: its summary (or JSON), and its error raised (the exit
+    status `submit --wait` and `status --wait` give)."""
+    from .. import runner
+
     if as_json and outcome.state is not None and outcome.exit_class != runner.NEVER_STARTS:
         emit_json(outcome.to_json())
     if not as_json and outcome.exit_class in (runner.COMPLETED, runner.STOPPED):

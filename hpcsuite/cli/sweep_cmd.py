@@ -6,7 +6,8 @@ import time
 
 import click
 
-from . import FilePath, emit_json, main, note_no_site, profile_option, template_dir_option
+from . import (FilePath, emit_json, main, note_no_site, profile_option, remote_option,
+               template_dir_option)
 
 
 @main.group()
@@ -56,6 +57,7 @@ def _say(message: str) -> None:
 @click.option("--timeout", type=float, default=None, help="With --wait: stop following after "
               "SECONDS (the jobs go on).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_option
 def run_cmd(sweep_file, directory, profile_path, template_dir, dry_run, wait, timeout, as_json):
     """Check every element of SWEEP_FILE, write the sweep directory and submit one job array.
 
@@ -117,6 +119,7 @@ def _finish(sd, timeout, as_json, payload: dict) -> None:
 @sweep.command("status")
 @click.argument("target", type=FilePath(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_option
 def status_cmd(target, as_json):
     """Where each element of a sweep is (TARGET: sweep directory or sweep file): its newest
     job (ARRAYID_INDEX), Slurm's state of it (one query for every element), its latest step,
@@ -144,6 +147,7 @@ def status_cmd(target, as_json):
 @sweep.command("report")
 @click.argument("target", type=FilePath(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@remote_option
 def report_cmd(target, as_json):
     """One table of every element (TARGET: sweep directory or sweep file): final training
     loss, best validation accuracy and loss, samples/s, and the sweep's metric, the best
@@ -173,6 +177,7 @@ def report_cmd(target, as_json):
 @click.option("--wait", is_flag=True, help="Follow it to its end.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_option
 def resubmit_cmd(target, index, profile_path, template_dir, wait, timeout, as_json):
     """Submit one element of a sweep again, alone: a one-element job array (--array=INDEX)
     with the job.json it had, checked again against the site first. Refused while the element

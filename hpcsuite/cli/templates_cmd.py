@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from . import FilePath, main, note_no_site, profile_option, set_option, template_dir_option
+from . import (FilePath, main, note_no_site, profile_option, remote_option, set_option,
+               template_dir_option)
 from ..errors import UserError
 
 
@@ -159,6 +160,7 @@ def _grid_file(path: str) -> tuple[str, str] | None:
                    "rank does when it starts: a data factory's return, the model's backend and "
                    "its output shape against the data, the loss. Imports torch/TensorFlow "
                    "(seconds); nothing else here does.")
+@remote_option
 def lint(spec, profile_path, sets, against_slurm, build):
     """Check SPEC against the site profile (and Slurm); exit 2 on errors.
 
