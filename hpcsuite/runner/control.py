@@ -9,11 +9,12 @@ from pathlib import Path
 from ..runs.rundir import RunDir
 
 
-def state(job_id: str):
-    """The job's :class:`~hpcsuite.runs.jobs.JobState` now."""
-    from ..runs import jobs
+def state(job_id: str, entry: dict | None = None):
+    """The job's :class:`~hpcsuite.runs.jobs.JobState` now (of a copy fetched from a remote,
+    its registry ``entry``: what that Slurm said then)."""
+    from ..runs import jobs, registry
 
-    return jobs.query(job_id)
+    return registry.copied_state(entry) if entry and entry.get("remote") else jobs.query(job_id)
 
 
 def states(job_ids: list[str]) -> dict:

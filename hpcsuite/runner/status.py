@@ -335,7 +335,7 @@ def describe(run: str, workdir: str | Path | None = None) -> StatusRecord:
                         f"(sweep {array.get('sweep')}): `hpcsuite status {job_id}_INDEX` shows "
                         f"one, `hpcsuite sweep status {array.get('sweep_dir')}` all of them")
     try:
-        state = jobs.query(job_id)
+        state = registry.copied_state(entry) if entry and entry.get("remote") else jobs.query(job_id)
     except jobs.UnknownJob:
         if not never_ran(entry):
             raise
@@ -372,9 +372,12 @@ def describe_many(entries: list[dict], query=None) -> list[StatusRecord]:
         from ..runs.jobs import query_many as query
 
     from ..runs.jobs import never_ran as never_ran_state
+    from ..runs.registry import copied_state
 
-    ids = [e["job_id"] for e in entries if not e.get("array")]   # an array: its elements
+    # an array: its elements; a copy fetched from a remote: what that Slurm said then
+    ids = [e["job_id"] for e in entries if not e.get("array") and not e.get("remote")]
     states = query(ids) if ids else {}
+    states.update({e["job_id"]: copied_state(e) for e in entries if e.get("remote")})
     return [StatusRecord.of_entry(e, states.get(e["job_id"]) or
                                   (never_ran_state(e["job_id"]) if never_ran(e) else None))
             for e in entries]

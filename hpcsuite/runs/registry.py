@@ -27,8 +27,14 @@ DIRNAME = ".hpcsuite"
 FILENAME = "runs.jsonl"
 
 
+ENV = "HPCSUITE_REGISTRY"
+
+
 def path_in(workdir: str | Path) -> Path:
-    return Path(workdir) / DIRNAME / FILENAME
+    """The registry of ``workdir``: its .hpcsuite/runs.jsonl, or that of the directory
+    ``HPCSUITE_REGISTRY`` names (a remote's working directory keeps one registry for the jobs
+    submitted from each job's own directory: hpcsuite.remote)."""
+    return Path(os.environ.get(ENV) or workdir) / DIRNAME / FILENAME
 
 
 def git_state(directory: str | Path) -> dict:
@@ -165,3 +171,22 @@ def locate(workdir: str | Path, run: str) -> tuple[str, dict | None]:
         return job_id, {"job_id": job_id, "run_dir": str(Path(run).resolve())}
     raise UserError(f"no run {show(run)} in {path_in(workdir)}: give a job id, a run directory, "
                     "or the name of a job submitted from here (`hpcsuite runs` lists them)")
+
+
+def copied_state(entry: dict):
+    """The state of a run copied from a remote (`hpcsuite fetch`): what that cluster's Slurm
+    said when it was fetched, kept in the registry entry; this machine's Slurm, if any, is
+    another cluster and is not asked."""
+    said = entry.get("slurm") if isinstance(entry.get("slurm"), dict) else {}
+
+    def text(key: str) -> str | None:
+        value = said.get(key)
+        return str(value) if value is not None else None
+
+    restarts = said.get("restarts")
+    from .jobs import JobState
+
+    return JobState(entry["job_id"], text("state") or "UNKNOWN", text("exit_code") or "",
+                    None, None, text("reason"), elapsed=text("elapsed"),
+                    restarts=restarts if isinstance(restarts, int) else None,
+                    max_rss=text("max_rss"), source=f"remote {entry.get('remote')}, when fetched")
