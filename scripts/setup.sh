@@ -30,8 +30,9 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 # ---------------------------------------------------------------- Debian packages
 # charliecloud-runtime: ch-run, the container runtime the container e2e test runs ranks in.
 # chromium: the headless browser tests/test_docs.py opens the built docs site in.
+# openssh-server, openssh-client: the SSH hosts tests/test_e2e_remote.py reaches (via tests/sshd.py).
 APT_PACKAGES=(openmpi-bin libopenmpi-dev slurm-wlm slurmdbd mariadb-server munge cmake build-essential
-              environment-modules charliecloud-runtime chromium)
+              environment-modules charliecloud-runtime chromium openssh-server openssh-client)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
