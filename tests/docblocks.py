@@ -6,6 +6,8 @@ HTML comment on the line before it says otherwise:
     <!-- docs-check: fragment -->       a part of a job spec: its keys and values go through
                                         the schema (nothing is linted, it is not a whole job)
     <!-- docs-check: alternatives -->   each line alone is such a fragment
+    <!-- docs-check: remotes -->        a remotes.yaml (hpcsuite.remote.config): every
+                                        remote in it loads
 
 A block whose first line is ``# PATH`` shows the file PATH (relative to the repository) with
 comments of its own: the two must hold the same data, and the file is what gets checked.
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 USER_DOCS = REPO / "docs" / "user"
 HOWTO_DOCS = REPO / "docs" / "howto"     # the task pages: checked the same way
 MARKER = re.compile(r"<!--\s*docs-check:\s*([a-z-]+)\s*-->")
-KINDS = ("file", "fragment", "alternatives")
+KINDS = ("file", "fragment", "alternatives", "remotes")
 
 
 @dataclass(frozen=True)
