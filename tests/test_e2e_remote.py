@@ -207,6 +207,20 @@ def test_a_job_from_a_laptop_runs_there_is_followed_across_a_cut_and_comes_back(
     assert "completed" in here.stdout.lower()
     laptop.hpcsuite("report", job_id)
 
+    # a full disk here: one line, and nothing half-written in the copy's place
+    from sshd import small_disk
+
+    tiny = laptop.base / "tiny"
+    with small_disk(tiny, "16k"):
+        line = one_line(laptop.hpcsuite("fetch", job_id, "--remote", "hpc", "--to", str(tiny),
+                                        expect=None))
+        assert "no space left on the device" in line, line
+        assert not list(tiny.glob(".fetch-partial-*"))       # no staging left behind
+        for kept in tiny.rglob("*"):                           # what stayed arrived whole
+            if kept.is_file() and kept.name != ".fetched.json":
+                twin = copy.parent / kept.relative_to(tiny / copy.parent.name)
+                assert kept.read_bytes() == twin.read_bytes(), kept
+
     # the control socket's directory is the user's alone
     assert (laptop.base / "run" / "hpcsuite" / "ssh").stat().st_mode & 0o777 == 0o700
 

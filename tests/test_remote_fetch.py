@@ -4,7 +4,6 @@ test account's home, when this machine can run one."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import pwd
@@ -168,14 +167,10 @@ def _fake_run(home: Path, uid: int, gid: int) -> Path:
     """A run directory under the account's home: a real run's files when this machine kept
     one, its Slurm log, logs/rank-0.log and two checkpoints of 40 MiB each."""
     work = home / f"fetch-e2e-{os.getpid()}"
-    found = sorted(glob.glob("/root/.cache/hpcsuite/**/runs/quickstart/*/results.json",
-                             recursive=True))
     run = work / "runs" / "quickstart" / "4242"
-    if found:
-        shutil.copytree(Path(found[0]).parent, run)
-    else:
-        run.mkdir(parents=True)
-        (run / "results.json").write_text(json.dumps({"status": "completed"}))
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"status": "completed"}))
+    _tracked(run)
     (run / "logs").mkdir(exist_ok=True)
     (run / "logs" / "rank-0.log").write_text("rank 0 says hello\n")
     (run.parent / "slurm-4242.out").write_text("the batch script's log\n")
@@ -189,6 +184,25 @@ def _fake_run(home: Path, uid: int, gid: int) -> Path:
     (run.parent / "checkpoints" / ".tmp-step-00000030-h-1" / "half").write_bytes(b"x")
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(work)], check=True)
     return run
+
+
+def _tracked(run: Path) -> None:
+    """The run's MLflow run in the job name's file store (OUTPUT_DIR/NAME/mlruns), as rank 0
+    logs it, with its mlflow.json: a parameter, a metric's history."""
+    from hpcsuite.runs.mlflow_store import client_for, mlflow_environment, write_record
+
+    uri = f"file://{run.parent / 'mlruns'}"
+    with mlflow_environment():
+        client = client_for(uri)
+        experiment = client.create_experiment("quickstart")
+        made = client.create_run(experiment, run_name="4242")
+        client.log_param(made.info.run_id, "lr", "0.05")
+        for step, loss in enumerate((2.3, 1.1, 0.7)):
+            client.log_metric(made.info.run_id, "loss", loss, step=step)
+        client.set_terminated(made.info.run_id)
+    write_record(run / "mlflow.json", {"uri": uri, "run_id": made.info.run_id,
+                                       "experiment": "quickstart", "experiment_id": experiment,
+                                       "state": "ended", "status": "FINISHED"})
 
 
 @pytest.mark.e2e
@@ -230,6 +244,12 @@ def test_fetch_end_to_end_resumable_and_recorded(site):
                    (project / ".hpcsuite" / "runs.jsonl").read_text().splitlines()]
         assert [(e["job_id"], e["run_dir"], e["remote"], e["remote_run_dir"]) for e in entries] \
             == [("4242", str(local), "hpc", str(run))]
+
+        # the copy's MLflow run reaches a store here (tracking sync, as into a laptop's server)
+        assert (local.parent / "mlruns").is_dir()
+        synced = json.loads(hpcsuite("tracking", "sync", "4242", "--to",
+                                     f"sqlite:///{project / 'mine.db'}", "--json").stdout)
+        assert [(d["added"], d["metrics"]) for d in synced] == [(True, 3)], synced
 
         again = json.loads(hpcsuite("fetch", str(run), "--json").stdout)
         assert again["copied"] == 0 and again["already"] == again["files"] and not again["recorded"]

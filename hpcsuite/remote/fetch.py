@@ -235,6 +235,11 @@ def fetch(conn: Connection, run: str, dest: Path, checkpoints: bool = False,
             _write_state(layout.state, state)
             done.copied += len(got)
             done.bytes += sum(size for size, _ in got.values())
+        if source.mlruns:
+            # MLflow's file store knows a run by its directories, empty ones too, which the
+            # listing of files leaves out: without artifacts/ the copy is "not found"
+            for sub in ("artifacts", "metrics", "params", "tags"):
+                (layout.base(ROOT) / source.mlruns[1] / sub).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise UserError(f"{layout.dest}: no space left on the device ({done.copied} files "
