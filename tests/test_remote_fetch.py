@@ -215,7 +215,7 @@ def test_fetch_end_to_end_resumable_and_recorded(site):
     (base / "xdg" / "hpcsuite").mkdir(parents=True)
     (base / "run").mkdir(mode=0o700)
     (base / "xdg" / "hpcsuite" / "remotes.yaml").write_text(json.dumps({"hpc": {
-        "host": "hpc-login", "workdir": "~/hpcsuite-fetch", "command": COMMAND,
+        "host": "hpc-login", "workdir": f"~/hpcsuite-fetch-{os.getpid()}", "command": COMMAND,
         "ssh_options": ["-F", str(made.config)]}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCSUITE_"))}
     env.update(XDG_CONFIG_HOME=str(base / "xdg"), XDG_RUNTIME_DIR=str(base / "run"),
@@ -285,3 +285,4 @@ def test_fetch_end_to_end_resumable_and_recorded(site):
         assert not (project / "runs" / "quickstart" / "77").exists()
     finally:
         shutil.rmtree(run.parents[2], ignore_errors=True)
+        shutil.rmtree(Path(pw.pw_dir) / f"hpcsuite-fetch-{os.getpid()}", ignore_errors=True)
