@@ -8,7 +8,7 @@ scripts/test_account.sh) is the user there, and the shared wide cluster is behin
   by content (a second command sends none), the connection is cut while the job runs and the
   follow reconnects, status/runs/logs/report answer there, fetch brings the run back and
   status and report read the copy here;
-- sweep and study run (dry runs: their base specs sent), lint;
+- sweep and study run (dry runs: their base specs sent), lint, and doctor against that Slurm;
 - what goes wrong between here and there is one line, exit 2: another hpcsuite version, none,
   an unreachable host, a refused key, a full remote disk (nothing half-written left), a remote
   command that fails.
@@ -225,7 +225,7 @@ def test_a_job_from_a_laptop_runs_there_is_followed_across_a_cut_and_comes_back(
     assert (laptop.base / "run" / "hpcsuite" / "ssh").stat().st_mode & 0o777 == 0o700
 
 
-def test_a_sweep_a_study_and_lint_send_their_base_spec(laptop):
+def test_sweep_study_lint_and_doctor_run_there_and_send_the_base_spec(laptop):
     p = laptop.project
     (p / "sweep").mkdir()
     (p / "sweep" / "base.yaml").write_text(JOB.replace("code/model.py:build", "mlp")
@@ -239,6 +239,10 @@ def test_a_sweep_a_study_and_lint_send_their_base_spec(laptop):
     assert "sent 1 of 2 file(s)" in studied.stderr, studied.stderr     # base.yaml was there
     linted = laptop.hpcsuite("lint", "sweep/lr.yaml", "--remote", "hpc")
     assert "ok" in linted.stdout
+    # doctor asks the cluster's Slurm, there (here SLURM_CONF names no file)
+    doctor = laptop.hpcsuite("doctor", "--no-compute", "--json", "--remote", "hpc", expect=None)
+    checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)}
+    assert checks["slurm"] == "pass", doctor.stdout
 
 
 def one_line(proc) -> str:

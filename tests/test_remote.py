@@ -176,3 +176,45 @@ def test_the_line_that_says_why_ssh_failed(stderr, line):
 def test_a_remote_directory_keeps_its_tilde_for_the_remote_shell():
     assert quote_dir("~/hpc suite") == "~/'hpc suite'"
     assert quote_dir("/scratch/$x") == "'/scratch/$x'"
+
+
+class Dropped:
+    """A connection whose every command is cut and that never comes back."""
+
+    def __init__(self):
+        from hpcsuite.remote.config import Remote
+
+        self.remote = Remote(host="login", name="hpc")
+        self.opened = 0
+
+    def where(self):
+        return "remote hpc (login)"
+
+    def in_workdir(self, line, **kw):
+        return line
+
+    def hpcsuite(self, args):
+        return " ".join(args)
+
+    def run(self, *a, **kw):
+        from hpcsuite.remote.ssh import Lost
+
+        raise Lost(self.where(), "Connection reset by peer")
+
+    def open(self):
+        from hpcsuite.remote.ssh import RemoteError
+
+        self.opened += 1
+        raise RemoteError("no route")
+
+
+def test_a_follow_whose_connection_never_comes_back_says_how_to_follow_again(monkeypatch):
+    monkeypatch.setattr(forward, "RECONNECT_S", 0.2)
+    monkeypatch.setattr(forward.time, "sleep", lambda s: None)
+    conn = Dropped()
+    with pytest.raises(UserError) as e:
+        forward.follow(conn, "77", "/w", None, as_json=False)
+    assert str(e.value) == ("remote hpc (login): the connection did not come back in 0.2 s; job 77 "
+                            "keeps running there: `hpcsuite status 77 --wait --remote hpc` "
+                            "follows it again")
+    assert conn.opened >= 1

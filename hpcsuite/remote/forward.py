@@ -260,7 +260,7 @@ def _submit_and_follow(conn: Connection, tokens: Tokens, cwd: str | None, workdi
     tokens.drop("--json", flag=True)
     line = conn.in_workdir(conn.hpcsuite(["submit", *tokens.tokens, "--json"]), cwd=cwd,
                            registry=workdir)
-    done = subprocess_run(conn, line)
+    done = _submitted(conn, line)
     if done.returncode != 0:
         return done.returncode
     try:
@@ -275,8 +275,9 @@ def _submit_and_follow(conn: Connection, tokens: Tokens, cwd: str | None, workdi
     return follow(conn, job_id, workdir, float(timeout) if timeout else None, as_json)
 
 
-def subprocess_run(conn: Connection, line: str):
-    """``line`` there, its stdout captured (text), its stderr shown as it comes."""
+def _submitted(conn: Connection, line: str):
+    """The remote submit ``line``: its stdout (the JSON) captured, its stderr shown as it
+    comes (warnings, notes, an error)."""
     import subprocess
 
     done = subprocess.run(conn.argv(line), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
