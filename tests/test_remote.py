@@ -218,3 +218,24 @@ def test_a_follow_whose_connection_never_comes_back_says_how_to_follow_again(mon
                             "keeps running there: `hpcsuite status 77 --wait --remote hpc` "
                             "follows it again")
     assert conn.opened >= 1
+
+
+def test_the_version_is_asked_once_per_master_connection(tmp_path):
+    from hpcsuite import __version__
+    from hpcsuite.remote.config import Remote
+
+    class Known:
+        remote = Remote(host="login", name="hpc", workdir="~/w", command="hpcsuite")
+        master = "4321"
+
+        def remembered(self):
+            return tmp_path / "checked"
+
+        def run(self, *a, **kw):
+            raise AssertionError("asked again over the same connection")
+
+    (tmp_path / "checked").write_text(f"4321 {__version__} ~/w hpcsuite\n/home/u/w\n")
+    assert forward.check_version(Known()) == "/home/u/w"
+    Known.master = "9999"                     # another connection: asked again
+    with pytest.raises(AssertionError, match="asked again"):
+        forward.check_version(Known())

@@ -157,9 +157,18 @@ class Tokens:
 
 def check_version(conn: Connection) -> str:
     """The remote working directory's absolute path, once the remote's hpcsuite is known to
-    be this one's version; else one line naming both and what to do."""
+    be this one's version; else one line naming both and what to do. Asked once per master
+    connection (its pid remembered beside its socket): a site that upgrades hpcsuite is seen
+    when the connection is next opened, at most ``persist`` seconds after the last command."""
     from .ssh import quote_dir
 
+    known = f"{conn.master} {__version__} {conn.remote.workdir} {conn.remote.command}\n"
+    try:
+        said = conn.remembered().read_text()
+    except OSError:
+        said = ""
+    if conn.master is not None and said.startswith(known):
+        return said[len(known):].strip()    # asked over this very connection already
     workdir = quote_dir(conn.remote.workdir)
     done = conn.run(f"mkdir -p {workdir} && cd {workdir} && pwd -P || exit 97; "
                     f"{conn.hpcsuite(['--version'])}")
@@ -178,6 +187,9 @@ def check_version(conn: Connection) -> str:
         raise RemoteError(f"{conn.where()} runs hpcsuite {theirs}, this is hpcsuite "
                           f"{__version__}: install {__version__} there, or "
                           f"`pip install hpcsuite=={theirs}` here")
+    if conn.master is not None or conn.is_open():
+        conn.remembered().write_text(f"{conn.master} {__version__} {conn.remote.workdir} "
+                                     f"{conn.remote.command}\n{out[0].strip()}\n")
     return out[0].strip()
 
 

@@ -76,7 +76,9 @@ class Connection:
         import hashlib
 
         entry = "\0".join([remote.name, remote.host, *remote.ssh_options]).encode()
-        self.control = str(socket_dir() / f"{hashlib.sha256(entry).hexdigest()[:8]}-%C")
+        self.key = hashlib.sha256(entry).hexdigest()[:8]
+        self.control = str(socket_dir() / f"{self.key}-%C")
+        self.master = None      # the master connection's pid, once known
 
     def _base(self) -> list[str]:
         return ["ssh", "-o", f"ControlPath={self.control}", *self.remote.ssh_options]
@@ -87,7 +89,15 @@ class Connection:
     def is_open(self) -> bool:
         done = subprocess.run([*self._base(), "-O", "check", "--", self.remote.host],
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        said = done.stderr.decode(errors="replace")     # "Master running (pid=N)"
+        if done.returncode == 0 and "pid=" in said:
+            self.master = said.split("pid=", 1)[1].split(")", 1)[0]
         return done.returncode == 0
+
+    def remembered(self) -> Path:
+        """Where what this master connection found out is kept (the version check's answer):
+        asked again when the connection is another."""
+        return socket_dir() / f"{self.key}.checked"
 
     def open(self) -> None:
         """Make sure the master connection is up: open it (ssh asks for what it needs on the
