@@ -231,6 +231,9 @@ def test_the_version_is_asked_once_per_master_connection(tmp_path):
         def remembered(self):
             return tmp_path / "checked"
 
+        def hpcsuite(self, args):
+            return "hpcsuite " + " ".join(args)
+
         def run(self, *a, **kw):
             raise AssertionError("asked again over the same connection")
 
