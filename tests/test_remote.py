@@ -78,6 +78,14 @@ def test_the_remote_option_is_taken_out_wherever_it_is():
         forward.wanted(["status", "1", "--remote"])
     with pytest.raises(UserError, match="study rerun runs here only"):
         forward.wanted(["study", "rerun", "d", "--remote", "x"])
+    assert forward.wanted(["-v", "--remote", "x", "runs"]) == ("x", ("runs",), [])
+    # a command hpcsuite does not have is click's to name, not "runs here only"
+    assert forward.wanted(["sbumit", "a.yaml", "--remote", "x"], lambda w: False) is None
+
+
+def test_a_mistyped_command_with_remote_is_named_as_without_it(work):
+    proc = run_cli("sbumit", "a.yaml", "--remote", "x", cwd=work, env=dict(os.environ))
+    assert proc.returncode == 2 and "No such command 'sbumit'" in proc.stderr
 
 
 def _submit_command() -> click.Command:

@@ -94,7 +94,16 @@ class MainGroup(Group):
                 or os.environ.get("HPCSUITE_REMOTE"):
             from ..remote import forward
 
-            wanted = forward.wanted(argv)
+            def exists(words) -> bool:
+                command = self
+                for word in words:
+                    command = command.get_command(ctx, word) if isinstance(command, click.Group) \
+                        else None
+                    if command is None:
+                        return False
+                return True
+
+            wanted = forward.wanted(argv, exists)
             if wanted is not None:
                 ctx.exit(forward.run(ctx, *wanted))
         return super().run(ctx)

@@ -75,14 +75,15 @@ def words_of(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
     return tuple(words), args[i:]
 
 
-def wanted(args: list[str]) -> tuple[str, tuple[str, ...], list[str]] | None:
-    """(remote name, command words, their tokens) when ``args`` is to run on a remote."""
+def wanted(args: list[str], exists=None) -> tuple[str, tuple[str, ...], list[str]] | None:
+    """(remote name, command words, their tokens) when ``args`` is to run on a remote.
+    ``exists(words)``: whether hpcsuite has that command (a typo is click's to report)."""
     import os
 
-    words, rest = words_of(args)
-    if not words or words[0] == "fetch":
+    name, stripped = requested(args)
+    words, rest = words_of(stripped)
+    if not words or words[0] == "fetch" or (exists is not None and not exists(words)):
         return None
-    name, rest = requested(rest)
     if name is None and (words[0] in RUNS_THERE or words[0] in GROUPS_THERE):
         name = os.environ.get(config.ENV) or None
     if name is None or "--help" in rest or "-h" in rest:
@@ -177,7 +178,8 @@ def check_version(conn: Connection) -> str:
     if done.returncode == 97:
         raise RemoteError(f"{conn.where()}: cannot use the working directory "
                           f"{conn.remote.workdir}: {err[-1] if err else 'no reason given'}")
-    theirs = next((line.rsplit(" ", 1)[-1] for line in out if "version" in line), None)
+    theirs = next((line.rsplit(" ", 1)[-1] for line in reversed(out)
+                   if line.startswith("hpcsuite") and "version" in line), None)
     if done.returncode != 0 or theirs is None:
         said = err[-1].strip() if err else f"exit {done.returncode}"
         raise RemoteError(f"{conn.where()}: no hpcsuite there (`{conn.remote.command} --version`: "
