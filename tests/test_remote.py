@@ -250,3 +250,10 @@ def test_the_version_is_asked_once_per_master_connection(tmp_path):
     Known.master = "9999"                     # another connection: asked again
     with pytest.raises(AssertionError, match="asked again"):
         forward.check_version(Known())
+
+
+def test_after_a_lost_connection_a_command_that_changes_things_is_looked_at_first():
+    assert "may have been submitted: `hpcsuite runs --remote hpc`" in \
+        forward._after_loss(("submit",), "hpc")
+    assert "before you run the sweep again" in forward._after_loss(("sweep", "run"), "hpc")
+    assert forward._after_loss(("status",), "hpc") == "nothing was changed there by it: run it again"

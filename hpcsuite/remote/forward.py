@@ -213,8 +213,23 @@ def run(ctx: click.Context, name: str, words: tuple[str, ...], rest: list[str]) 
         return conn.run(line, capture=False).returncode
     except Lost as e:
         raise RemoteError(f"{e.where}: lost the connection during `hpcsuite {' '.join(words)}` "
-                          f"({e.reason}); what it submitted keeps running there: run the "
-                          "command again to see where it stands") from None
+                          f"({e.reason}); {_after_loss(words, remote.name)}") from None
+
+
+def _after_loss(words: tuple[str, ...], name: str) -> str:
+    """What to do after the connection was lost during ``words``: a command that changes
+    something may have done it, so it is looked at before it is run again."""
+    look = f"`hpcsuite runs --remote {name}`"
+    return {
+        ("submit",): f"the job may have been submitted: {look} shows it before you submit again",
+        ("cancel",): f"the job may have been cancelled: `hpcsuite status JOB --remote {name}` "
+                     "says",
+        ("sweep", "run"): f"the array may have been submitted and goes on: {look} shows it "
+                          "before you run the sweep again",
+        ("sweep", "resubmit"): f"the element may have been submitted: {look} shows it",
+        ("study", "run"): "what was submitted goes on: `hpcsuite study run STUDY_DIR --remote "
+                          f"{name}` picks up where it left off",
+    }.get(words, "nothing was changed there by it: run it again")
 
 
 def _command(ctx: click.Context, words: tuple[str, ...]) -> click.Command:
