@@ -312,7 +312,8 @@ def _submitted(conn: Connection, line: str):
     done = subprocess.run(conn.argv(line), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           text=True)
     if done.returncode == 255:
-        raise Lost(conn.where(), "the connection failed (ssh exit 255)")
+        raise RemoteError(f"{conn.where()}: lost the connection during `hpcsuite submit`; "
+                          f"{_after_loss(('submit',), conn.remote.name)}")
     return done
 
 
