@@ -257,3 +257,21 @@ def test_after_a_lost_connection_a_command_that_changes_things_is_looked_at_firs
         forward._after_loss(("submit",), "hpc")
     assert "before you run the sweep again" in forward._after_loss(("sweep", "run"), "hpc")
     assert forward._after_loss(("status",), "hpc") == "nothing was changed there by it: run it again"
+
+
+def test_the_socket_directory_is_private_and_short_enough_for_a_socket(tmp_path, monkeypatch):
+    from hpcsuite.remote.ssh import socket_dir
+
+    import shutil
+    import tempfile
+
+    short_base = Path(tempfile.mkdtemp(prefix="s-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_base))
+    made = socket_dir()
+    assert made == short_base / "hpcsuite" / "ssh" and made.stat().st_mode & 0o777 == 0o700
+    shutil.rmtree(short_base)
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    short = socket_dir()
+    assert len(str(short)) + 50 < 104 and short.stat().st_mode & 0o777 == 0o700

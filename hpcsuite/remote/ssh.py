@@ -21,6 +21,7 @@ from .config import Remote
 
 LOST = 255            # ssh's own exit status: the connection failed or was lost
 OPEN_TIMEOUT = 120    # seconds to open the master without a terminal to answer prompts on
+SOCKET_DIR_MAX = 50   # the directory's length: its socket's name adds 50 (KEY-%C), the limit is 104
 
 
 class RemoteError(UserError):
@@ -33,6 +34,8 @@ def socket_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     root = Path(base) / "hpcsuite" if base else Path.home() / ".cache" / "hpcsuite"
     path = root / "ssh"
+    if len(str(path)) > SOCKET_DIR_MAX:        # a socket's path is at most ~104 bytes
+        path = Path(tempfile.gettempdir()) / f"hpcsuite-ssh-{os.getuid()}"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = path.stat()
     if st.st_uid != os.getuid():
