@@ -196,6 +196,9 @@ def test_a_job_from_a_laptop_runs_there_is_followed_across_a_cut_and_comes_back(
     laptop.hpcsuite("report", job_id, "--remote", "hpc")
     again = laptop.hpcsuite("status", job_id, "--wait", "--remote", "hpc")
     assert "completed" in again.stdout.lower()
+    # on a terminal, the follow is the live line, through ssh's terminal, and its exit status
+    code, shown = in_a_terminal(laptop, "status", job_id, "--wait", "--remote", "hpc")
+    assert code == 0 and b"\r\x1b[K" in shown and f"job {job_id}: ".encode() in shown, shown
 
     # fetch brings the run back; status and report read the copy, with no Slurm here
     fetched = laptop.hpcsuite("fetch", job_id, "--remote", "hpc")
@@ -243,6 +246,29 @@ def test_sweep_study_lint_and_doctor_run_there_and_send_the_base_spec(laptop):
     doctor = laptop.hpcsuite("doctor", "--no-compute", "--json", "--remote", "hpc", expect=None)
     checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)}
     assert checks["slurm"] == "pass", doctor.stdout
+
+
+def in_a_terminal(laptop: Laptop, *args: str) -> tuple[int, bytes]:
+    """`hpcsuite ARGS` with a terminal for its stdin, stdout and stderr: (exit status, what
+    it showed)."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:       # the child: the command, in the project, with the laptop's environment
+        os.chdir(laptop.project)
+        os.execve(sys.executable, [sys.executable, "-m", "hpcsuite", *args], laptop.env)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:     # EIO: the child's side closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), shown
 
 
 def one_line(proc) -> str:

@@ -210,7 +210,7 @@ def run(ctx: click.Context, name: str, words: tuple[str, ...], rest: list[str]) 
         return _submit_and_follow(conn, tokens, cwd, workdir)
     line = conn.in_workdir(conn.hpcsuite([*words, *tokens.tokens]), cwd=cwd, registry=workdir)
     try:
-        return conn.run(line, capture=False).returncode
+        return conn.run(line, capture=False, tty=_terminal()).returncode
     except Lost as e:
         raise RemoteError(f"{e.where}: lost the connection during `hpcsuite {' '.join(words)}` "
                           f"({e.reason}); {_after_loss(words, remote.name)}") from None
@@ -321,7 +321,7 @@ def follow(conn: Connection, job_id: str, workdir: str, timeout: float | None,
            as_json: bool) -> int:
     """``status JOB --wait`` there until it ends; a lost connection tried again for a minute."""
     t0 = time.monotonic()
-    tty = sys.stderr.isatty() and sys.stdin.isatty() and not as_json
+    tty = _terminal() and not as_json
     again = f"`hpcsuite status {job_id} --wait --remote {conn.remote.name}`"
     while True:
         args = ["status", job_id, "--wait"] + (["--json"] if as_json else [])
@@ -338,6 +338,13 @@ def follow(conn: Connection, job_id: str, workdir: str, timeout: float | None,
                 raise RemoteError(f"{conn.where()}: the connection did not come back in "
                                   f"{RECONNECT_S} s; job {job_id} keeps running there: {again} "
                                   "follows it again") from None
+
+
+def _terminal() -> bool:
+    """Whether the command runs on a terminal (stdin, stdout and stderr): then the remote gets
+    one too (ssh -tt), so a live line is drawn and Ctrl-C reaches the command there; its
+    stdout and stderr then arrive as one stream, which here is one terminal anyway."""
+    return all(stream.isatty() for stream in (sys.stdin, sys.stdout, sys.stderr))
 
 
 def _reconnect(conn: Connection) -> bool:
