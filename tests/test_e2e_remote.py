@@ -293,6 +293,10 @@ def test_what_goes_wrong_between_here_and_there_is_one_line(laptop, account):
         laptop.hpcsuite("runs", "--remote", "badkey", expect=None))
     assert "error: " in laptop.hpcsuite("status", "99999999", "--remote", "hpc",
                                         expect=2).stderr
+    # a path a forwarded command takes is the cluster's: the remote says it has no such one
+    line = one_line(laptop.hpcsuite("study", "rerun", "studies/nowhere", "--remote", "hpc",
+                                    expect=None))
+    assert "studies/nowhere" in line
 
     # a full remote disk: nothing of the job is left there
     (p / "wrong" / "big.npy").write_bytes(os.urandom(2 << 20))

@@ -76,8 +76,12 @@ def test_the_remote_option_is_taken_out_wherever_it_is():
         ("x", ("study", "run"), ["s.yaml"])
     with pytest.raises(UserError, match="--remote needs the name"):
         forward.wanted(["status", "1", "--remote"])
-    with pytest.raises(UserError, match="study rerun runs here only"):
-        forward.wanted(["study", "rerun", "d", "--remote", "x"])
+    assert forward.wanted(["study", "rerun", "d", "--remote", "x"]) == \
+        ("x", ("study", "rerun"), ["d"])
+    assert forward.wanted(["bench", "allreduce", "--remote", "x", "--nodes", "2"]) == \
+        ("x", ("bench", "allreduce"), ["--nodes", "2"])
+    with pytest.raises(UserError, match="study compare runs here only"):
+        forward.wanted(["study", "compare", "a", "b", "--remote", "x"])
     assert forward.wanted(["-v", "--remote", "x", "runs"]) == ("x", ("runs",), [])
     # a command hpcsuite does not have is click's to name, not "runs here only"
     assert forward.wanted(["sbumit", "a.yaml", "--remote", "x"], lambda w: False) is None

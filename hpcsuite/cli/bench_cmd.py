@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from . import FilePath, emit_json, main, prepare_request, profile_option, set_option
+from . import (FilePath, emit_json, main, prepare_request, profile_option, remote_option,
+               set_option)
 from ..errors import JobFailed, UserError, count
 
 
@@ -39,6 +40,7 @@ def bench():
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Follow the job and print the results, or print the job id and return.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_option
 def allreduce(nodes, tasks_per_node, sizes_text, budget, partition, time_limit, profile_path,
               sets, output_dir, wait, as_json):
     """Time allreduce with Horovod and with MPI itself, on one allocation.

@@ -149,6 +149,7 @@ def report_cmd(target, as_json):
 @profile_option
 @click.option("--wait", is_flag=True, help="Follow the points to their end.")
 @click.option("--timeout", type=float, default=None, help="With --wait: stop following after SECONDS.")
+@remote_option
 def rerun_cmd(bundle, directory, profile_path, wait, timeout):
     """Run the study in BUNDLE again, from the bundle alone: its inputs (checked against their
     sha256), its resolved job specs, into a fresh study directory."""

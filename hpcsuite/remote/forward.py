@@ -29,8 +29,12 @@ from .ssh import Connection, Lost, RemoteError
 # The commands that talk to Slurm, and with a second word those of a group that do.
 RUNS_THERE = {"submit", "render", "lint", "doctor", "status", "logs", "runs", "report", "cancel"}
 GROUPS_THERE = {"sweep": {"run", "status", "report", "resubmit"},
-                "study": {"run", "status", "report"}}
-SENDS = {("submit",), ("render",), ("lint",), ("doctor",), ("sweep", "run"), ("study", "run")}
+                "study": {"run", "status", "report", "rerun"},
+                "bench": {"allreduce"}}
+# Those whose first argument is a spec here (sent, with what it names); SENDS: those whose
+# --profile and --template-dir are files here too (sent, and named by their path there).
+TAKES_SPEC = {("submit",), ("render",), ("lint",), ("doctor",), ("sweep", "run"), ("study", "run")}
+SENDS = TAKES_SPEC | {("sweep", "resubmit"), ("study", "rerun"), ("bench", "allreduce")}
 RECONNECT_S = 60
 
 
@@ -229,6 +233,9 @@ def _after_loss(words: tuple[str, ...], name: str) -> str:
         ("sweep", "resubmit"): f"the element may have been submitted: {look} shows it",
         ("study", "run"): "what was submitted goes on: `hpcsuite study run STUDY_DIR --remote "
                           f"{name}` picks up where it left off",
+        ("study", "rerun"): f"the rerun may have been submitted: {look} shows it, and "
+                            f"`hpcsuite study run DIR --remote {name}` goes on with its directory",
+        ("bench", "allreduce"): f"the benchmark's job may have been submitted: {look} shows it",
     }.get(words, "nothing was changed there by it: run it again")
 
 
@@ -248,7 +255,8 @@ def _send(conn: Connection, words: tuple[str, ...], tokens: Tokens) -> str | Non
 
     from . import send
 
-    spec = tokens.tokens[tokens.positional[0]] if tokens.positional else None
+    spec = tokens.tokens[tokens.positional[0]] \
+        if tokens.positional and words in TAKES_SPEC else None
     if spec is not None and not Path(spec).is_file():
         if words == ("study", "run") or words == ("sweep", "run"):
             return None     # a study directory there, to go on with
