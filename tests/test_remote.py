@@ -279,3 +279,53 @@ def test_the_socket_directory_is_private_and_short_enough_for_a_socket(tmp_path,
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
     short = socket_dir()
     assert len(str(short)) + 50 < 104 and short.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_digest_is_taken_again_only_when_the_file_changed(tmp_path, monkeypatch):
+    data = tmp_path / "big.npy"
+    data.write_bytes(b"x" * 1000)
+    known: dict = {}
+    first = send._object(data, known)
+    monkeypatch.setattr(send, "digest", lambda p: (_ for _ in ()).throw(AssertionError("read")))
+    assert send._object(data, known) == first                  # size and mtime unchanged
+    data.write_bytes(b"y" * 1001)
+    with pytest.raises(AssertionError, match="read"):
+        send._object(data, known)
+
+
+def _lay_out(workdir: Path, stream: bytes):
+    import subprocess
+
+    (workdir / ".hpcsuite" / "objects").mkdir(parents=True, exist_ok=True)
+    (workdir / "jobs").mkdir(exist_ok=True)
+    return subprocess.run(["sh", "-c", send._LAY_OUT.format(workdir=workdir, label="job-1")],
+                          input=stream, capture_output=True)
+
+
+def test_the_remote_lays_out_a_whole_stream_and_nothing_of_one_cut_short(tmp_path):
+    import io
+
+    (tmp_path / "code").mkdir()
+    model = tmp_path / "code" / "model.py"
+    model.write_text("def build(s, c): ...\n")
+    name = send._object(model)
+    whole, cut = io.BytesIO(), io.BytesIO()
+    send._write_tar(whole, [(name, "code/model.py"), (name, "again.py")], [(name, model)])
+    there = tmp_path / "there"
+    done = _lay_out(there, whole.getvalue())
+    assert done.returncode == 0, done.stderr
+    job = there / "jobs" / "job-1"
+    assert (job / "code" / "model.py").read_text() == model.read_text()
+    assert (job / "code" / "model.py").stat().st_ino == (job / "again.py").stat().st_ino
+    assert not (job / "again.py").stat().st_mode & 0o222                  # read-only objects
+
+    # a file that changed after its digest was taken: refused, the stream has no manifest
+    model.write_text("def build(s, c): return 1\n")
+    with pytest.raises(UserError, match="changed while it was being sent"):
+        send._write_tar(cut, [(name, "code/model.py")], [(name, model)])
+    other = tmp_path / "other"
+    done = _lay_out(other, cut.getvalue())
+    assert done.returncode != 0 and b"ended before its manifest" in done.stderr
+    assert list((other / "jobs").iterdir()) == []
+    assert list((other / ".hpcsuite" / "objects").iterdir()) == []
+    assert [p.name for p in (other / ".hpcsuite").iterdir()] == ["objects"]

@@ -199,22 +199,82 @@ class Sent:
                 f"{self.job_dir}")
 
 
-def _object(path: Path) -> str:
-    """The object's name: the content's sha256, ``x`` added for an executable file."""
-    return digest(path) + ("x" if os.access(path, os.X_OK) else "")
+def _object(path: Path, known: dict | None = None) -> str:
+    """The object's name: the content's sha256, ``x`` added for an executable file. ``known``:
+    digests already taken, by path, reused while the file's size and mtime are unchanged (as
+    rsync's quick check: a large unchanged data file is not read again at every submit)."""
+    st = path.stat()
+    seen = (known or {}).get(str(path))
+    if isinstance(seen, list) and seen[:2] == [st.st_size, st.st_mtime_ns]:
+        sha = str(seen[2])
+    else:
+        sha = digest(path)
+        if known is not None:
+            known[str(path)] = [st.st_size, st.st_mtime_ns, sha]
+    return sha + ("x" if os.access(path, os.X_OK) else "")
+
+
+KNOWN_MAX = 50_000      # digests kept: the most recently sent files'
+
+
+def _known_path() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpcsuite" / \
+        "sent-digests.json"
+
+
+def _load_known() -> dict:
+    import json
+
+    try:
+        data = json.loads(_known_path().read_text())
+    except (OSError, ValueError):
+        return {}       # none yet, or damaged: every file is read again
+    return data if isinstance(data, dict) else {}
+
+
+def _save_known(known: dict) -> None:
+    """The digests, the newest KNOWN_MAX, written whole or not at all (a cache: a failure
+    to write it costs the next submit a read of its files, nothing else)."""
+    import json
+
+    path = _known_path()
+    keep = dict(list(known.items())[-KNOWN_MAX:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(keep))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+class _Checked:
+    """A file read into the tar stream, its sha256 taken as it goes: a file that changed
+    after it was named by its digest must not be stored under that name."""
+
+    def __init__(self, f):
+        self.f, self.h = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.h.update(data)
+        return data
 
 
 def upload(conn: Connection, bundle: Bundle, label: str) -> Sent:
     """Send ``bundle``'s files that are not there yet and lay out the job directory."""
     entries = []
     sizes = {}
+    known = _load_known()
     for path in sorted(bundle.files):
         rel = bundle.relative(path)
         if any(c in rel for c in "\n\t\0") or rel.startswith("../"):
             raise UserError(f"{path}: a file name hpcsuite cannot send (newline or tab in it)")
-        name = _object(path)
+        name = _object(path, known)
+        known[str(path)] = known.pop(str(path))       # the newest last: kept longest
         sizes[name] = path
         entries.append((name, rel))
+    _save_known(known)
     workdir = quote_dir(conn.remote.workdir)
     asked = conn.run(f"mkdir -p {workdir}/.hpcsuite/objects {workdir}/jobs && cd {workdir} && "
                      "pwd -P && while read -r h; do [ -e .hpcsuite/objects/\"$h\" ] || "
@@ -228,13 +288,18 @@ def upload(conn: Connection, bundle: Bundle, label: str) -> Sent:
     script = _LAY_OUT.format(workdir=workdir, label=shlex.quote(label))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(conn.argv(script), stdin=subprocess.PIPE, stdout=out, stderr=err)
+        refused = None
         try:
             _write_tar(proc.stdin, entries, [(n, sizes[n]) for n in missing])
         except BrokenPipeError:
             pass      # the remote stopped reading: its stderr says why
+        except UserError as e:
+            refused = e
         finally:
             proc.stdin.close()
         code = proc.wait()
+        if refused is not None:
+            raise refused
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
@@ -251,19 +316,25 @@ def upload(conn: Connection, bundle: Bundle, label: str) -> Sent:
 
 
 def _write_tar(sink, entries, objects) -> None:
-    """A tar stream to ``sink``: the MANIFEST (object, path per line), then each object."""
+    """A tar stream to ``sink``: each object, then the MANIFEST (object, path per line). The
+    remote uses nothing of a stream without its MANIFEST, so one cut short (a file that
+    changed while it was read, an interrupt) leaves nothing there."""
     with tarfile.open(fileobj=sink, mode="w|") as tar:
-        manifest = "".join(f"{n} {rel}\n" for n, rel in entries).encode()
-        info = tarfile.TarInfo("MANIFEST")
-        info.size = len(manifest)
-        tar.addfile(info, io.BytesIO(manifest))
         for name, path in objects:
             info = tar.gettarinfo(str(path), arcname=f"objects/{name}")
             info.mode = 0o555 if name.endswith("x") else 0o444
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             with open(path, "rb") as f:
-                tar.addfile(info, f)
+                checked = _Checked(f)
+                tar.addfile(info, checked)
+            if checked.h.hexdigest() != name.rstrip("x"):
+                raise UserError(f"{path}: changed while it was being sent; nothing of this job "
+                                "was kept there: send it again")
+        manifest = "".join(f"{n} {rel}\n" for n, rel in entries).encode()
+        info = tarfile.TarInfo("MANIFEST")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
 
 
 def _last(stderr: bytes) -> str:
@@ -273,21 +344,25 @@ def _last(stderr: bytes) -> str:
     return lines[-1].strip() if lines else "no reason given"
 
 
-# Run by sh on the remote, the tar stream on stdin: unpack into a private directory, move the
-# objects into the store (read-only: a job that writes to an input cannot change another's),
-# link the job's files, rename the job directory into place. Any failure removes both
-# directories (the trap); objects already moved are whole files and stay.
+# Run by sh on the remote, the tar stream on stdin: unpack into a private directory; only a
+# stream that ended with its manifest goes on: move the objects into the store (read-only: a
+# job that writes to an input cannot change another's), link the job's files, rename the job
+# directory into place. Any failure removes both directories (the trap); objects already
+# moved are whole files and stay.
 _LAY_OUT = """set -e
 cd {workdir}
 t=$(mktemp -d .hpcsuite/incoming.XXXXXX)
 j=$(mktemp -d jobs/.partial.XXXXXX)
 trap 'rm -rf "$t" "$j"' EXIT
 tar -xf - -C "$t"
+[ -f "$t/MANIFEST" ] || {{ echo "the stream ended before its manifest" >&2; exit 3; }}
 if [ -d "$t/objects" ]; then
   for f in "$t"/objects/*; do [ -e "$f" ] && mv -f "$f" .hpcsuite/objects/; done
 fi
+made=
 while read -r h p; do
-  mkdir -p "$j/$(dirname "$p")"
+  case $p in */*) d=${{p%/*}} ;; *) d=. ;; esac
+  if [ "$d" != "$made" ]; then mkdir -p "$j/$d"; made=$d; fi
   ln ".hpcsuite/objects/$h" "$j/$p" 2>/dev/null || cp -p ".hpcsuite/objects/$h" "$j/$p"
 done < "$t/MANIFEST"
 chmod 755 "$j"
