@@ -144,7 +144,7 @@ def main() -> None:
             subprocess.run(["runuser", "-u", USER, "--", "bash", "-c", by_hand],
                            capture_output=True, check=True, timeout=120)
             times_there.append(time.perf_counter() - t0)
-        out["authentications"] = {"hpcsuite_commands": 3 + n, "hpcsuite": auth_hpcsuite,
+        out["authentications"] = {"hpcsuite_commands": 4 + n, "hpcsuite": auth_hpcsuite,
                                   "plain_ssh_commands": n, "plain_ssh": auth_ssh}
         out["seconds"] = {"first_render_cold": round(t_first, 3),
                           "render_unchanged": round(t_second, 3),
