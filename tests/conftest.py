@@ -170,6 +170,21 @@ def wide_cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def account():
+    """The unprivileged account `hpcuser` and its own venv of this checkout
+    (scripts/test_account.sh --venv): (its passwd entry, the venv). Its jobs run as a site's
+    users' do (test_e2e_nonroot); it is the user on the login node of test_e2e_remote."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("makes the account hpcuser: run as root")
+    done = subprocess.run(["bash", str(REPO / "scripts" / "test_account.sh"), "--venv"],
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr
+    return pwd.getpwnam("hpcuser"), Path(done.stdout.strip().splitlines()[-1])
+
+
 BROKEN = ("name: broken\nresources: {nodes: 1, time: '00:02:00'}\n"
           "train: {model: nosuchmodel, max_steps: 1}\n")
 

@@ -64,16 +64,6 @@ def make(n, out):
 
 
 @pytest.fixture(scope="module")
-def account():
-    if os.geteuid() != 0:
-        pytest.skip("makes the account hpcuser and submits as it: run as root")
-    done = subprocess.run(["bash", str(REPO / "scripts" / "test_account.sh"), "--venv"],
-                          capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr
-    return pwd.getpwnam(USER), Path(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
 def cluster(account, wide_cluster):
     """The session's wide cluster: two cores a node (declared as GPUs), so a job of root's and
     one of the user's share a node; its directory is reachable by the account."""

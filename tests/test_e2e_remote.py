@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shlex
 import shutil
 import subprocess
@@ -29,8 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -102,16 +99,6 @@ class Laptop:
         for socket in (self.base / "run" / "hpcsuite" / "ssh").iterdir():
             subprocess.run(["ssh", "-F", str(self.site.config), "-o", f"ControlPath={socket}",
                             "-O", "exit", "hpc-login"], capture_output=True, timeout=30)
-
-
-@pytest.fixture(scope="module")
-def account():
-    if os.geteuid() != 0:
-        pytest.skip("starts sshd and makes the account hpcuser: run as root")
-    done = subprocess.run(["bash", str(REPO / "scripts" / "test_account.sh"), "--venv"],
-                          capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr
-    return pwd.getpwnam(USER), Path(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
